@@ -1,0 +1,156 @@
+"""The names every part of kubetrain agrees on: API group, labels, conditions, env, ports.
+
+This is the one place for contracts shared by the operator, the CRD and the trainer image.
+The trainer does not import it (it must run without the operator installed); it keeps its own
+copies of the env names and the metrics port, and ``tests/test_contract.py`` keeps both in step.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+__all__ = [
+    "ANNOTATION_PREFIX",
+    "CHECKPOINT_VOLUME",
+    "CONTAINER_NAME",
+    "DEFAULT_MANAGED_BY",
+    "ENV",
+    "GPU_RESOURCE",
+    "GROUP",
+    "KIND",
+    "LABEL",
+    "METRICS_PORT",
+    "PLURAL",
+    "RENDEZVOUS_PORT",
+    "RESERVED_ENV_NAMES",
+    "RESERVED_ENV_PREFIXES",
+    "SHM_VOLUME",
+    "SHORT_NAME",
+    "SINGULAR",
+    "VERSION",
+    "ConditionType",
+    "Phase",
+    "Reason",
+]
+
+GROUP: Final = "kubetrain.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainingJob"
+PLURAL: Final = "trainingjobs"
+SINGULAR: Final = "trainingjob"
+SHORT_NAME: Final = "tj"
+DEFAULT_MANAGED_BY: Final = "kubetrain.io/operator"
+
+# Ports inside every pod. The trainer serves metrics on METRICS_PORT + local rank.
+RENDEZVOUS_PORT: Final = 29400
+METRICS_PORT: Final = 9400
+
+CONTAINER_NAME: Final = "trainer"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+SHM_VOLUME: Final = "dshm"
+CHECKPOINT_VOLUME: Final = "checkpoints"
+DATA_VOLUME: Final = "data"
+
+# Longest TrainingJob name: pods are "<name>-<index>" (index < 1000) and must stay DNS labels
+# (63 characters); the margin leaves room for "-<index>" and label values built from the name.
+MAX_NAME_LENGTH: Final = 50
+MAX_NODES: Final = 512
+MAX_FAILURES_KEPT: Final = 20
+
+
+class LABEL:
+    """Label keys on every child object, all under the project's domain."""
+
+    JOB_NAME: Final = f"{GROUP}/job-name"
+    JOB_UID: Final = f"{GROUP}/job-uid"
+    NODE_INDEX: Final = f"{GROUP}/node-index"
+    ATTEMPT: Final = f"{GROUP}/attempt"
+    ROLE: Final = f"{GROUP}/role"
+    MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+
+
+ANNOTATION_PREFIX: Final = f"{GROUP}/"
+
+
+class ENV:
+    """Environment variables the operator sets in every trainer container."""
+
+    # torchrun reads PET_<FLAG> for each of its command-line flags.
+    NNODES: Final = "PET_NNODES"
+    NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+    RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+    RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+    RDZV_ID: Final = "PET_RDZV_ID"
+    RDZV_CONF: Final = "PET_RDZV_CONF"
+    MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+    # kubetrain's own contract with the trainer image.
+    CONFIG: Final = "KUBETRAIN_CONFIG"  # JSON: {"trainer": ..., "data": ..., "checkpoint": ...}
+    JOB_NAME: Final = "KUBETRAIN_JOB_NAME"
+    NAMESPACE: Final = "KUBETRAIN_NAMESPACE"
+    POD_NAME: Final = "KUBETRAIN_POD_NAME"
+    POD_IP: Final = "KUBETRAIN_POD_IP"
+    NODE_INDEX: Final = "KUBETRAIN_NODE_INDEX"
+    ATTEMPT: Final = "KUBETRAIN_ATTEMPT"
+    METRICS_PORT: Final = "KUBETRAIN_METRICS_PORT"
+    CHECKPOINT_DIR: Final = "KUBETRAIN_CHECKPOINT_DIR"
+    DATA_DIR: Final = "KUBETRAIN_DATA_DIR"
+
+
+# Users may not set these: they would break rendezvous or the rank arithmetic.
+RESERVED_ENV_PREFIXES: Final = ("PET_", "KUBETRAIN_", "TORCHELASTIC_")
+RESERVED_ENV_NAMES: Final = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+)
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    STALLED = "Stalled"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """Machine-readable reasons for conditions, events and failure records."""
+
+    CREATED = "PodsCreated"
+    PODS_PENDING = "PodsPending"
+    PODS_STARTING = "PodsStarting"
+    ALL_RUNNING = "AllPodsRunning"
+    ALL_SUCCEEDED = "AllPodsSucceeded"
+    POD_FAILED = "PodFailed"
+    OOM_KILLED = "OOMKilled"
+    DISRUPTED = "Disrupted"
+    BACKOFF_LIMIT = "BackoffLimitExceeded"
+    DEADLINE = "DeadlineExceeded"
+    STALLED = "NoHeartbeat"
+    SUSPENDED = "SuspendedByUser"
+    RESUMED = "Resumed"
+    GANG_RESTART = "GangRestart"
+    SCALED = "Scaled"

@@ -1,0 +1,109 @@
+"""The `kubetrain` command: validate, render, run (locally), watch and operator."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from kubetrain import api
+from kubetrain.manifests import build_pods, build_service
+from kubetrain.schema import Problem
+from kubetrain.spec import SpecError, TrainingJob, parse, validate
+
+__all__ = ["main"]
+
+EXIT_INVALID = 2
+
+
+def _documents(path: Path) -> Iterator[tuple[int, Any]]:
+    """(document number, object) for each YAML document in a file; raises yaml.YAMLError."""
+    text = path.read_text(encoding="utf-8")
+    for number, document in enumerate(yaml.safe_load_all(text), start=1):
+        if document is not None:
+            yield number, document
+
+
+def _yaml_problem(error: yaml.YAMLError) -> Problem:
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "YAML"
+    reason = getattr(error, "problem", None) or str(error)
+    return Problem(where, f"YAML syntax error: {reason}")
+
+
+def file_problems(path: Path) -> list[Problem]:
+    """Every problem in one file of TrainingJobs (YAML errors included)."""
+    try:
+        documents = list(_documents(path))
+    except yaml.YAMLError as error:
+        return [_yaml_problem(error)]
+    if not documents:
+        return [Problem("<file>", "holds no YAML document")]
+    problems: list[Problem] = []
+    for number, document in documents:
+        prefix = f"document {number}: " if len(documents) > 1 else ""
+        problems += [Problem(prefix + p.path, p.message) for p in validate(document)]
+    return problems
+
+
+def load_job(path: Path, namespace: str | None = None) -> TrainingJob:
+    """The single TrainingJob in ``path``; raises click.ClickException with every problem."""
+    problems = file_problems(path)
+    if problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        raise click.ClickException(f"{path} is not a valid TrainingJob:\n{lines}")
+    documents = [d for _, d in _documents(path)]
+    if len(documents) != 1:
+        raise click.ClickException(f"{path} holds {len(documents)} documents; expected one TrainingJob")
+    document = documents[0]
+    if namespace:
+        document.setdefault("metadata", {})["namespace"] = namespace
+    try:
+        return parse(document)
+    except SpecError as error:  # unreachable after validate(); kept for a clear message
+        raise click.ClickException(str(error)) from error
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kubetrain")
+def main() -> None:
+    """kubetrain: distributed PyTorch training jobs on Kubernetes, or on this machine."""
+
+
+@main.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def validate_command(files: tuple[Path, ...]) -> None:
+    """Check TrainingJob files against the CRD's schema and rules, as `kubectl apply` would.
+
+    Exits 0 when every file is valid, 2 otherwise, with one line per problem.
+    """
+    failed = False
+    for path in files:
+        problems = file_problems(path)
+        for problem in problems:
+            click.echo(f"{path}: {problem}", err=True)
+        if problems:
+            failed = True
+        else:
+            click.echo(f"{path}: valid {api.KIND}")
+    if failed:
+        sys.exit(EXIT_INVALID)
+
+
+@main.command("render")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--namespace", "-n", default=None, help="Namespace of the rendered objects (default: the job's).")
+@click.option("--attempt", default=0, show_default=True, help="Attempt number to render the pods for.")
+def render_command(file: Path, namespace: str | None, attempt: int) -> None:
+    """Print the Service and pods the operator would create for FILE, as YAML."""
+    job = load_job(file, namespace)
+    objects = [build_service(job), *build_pods(job, attempt)]
+    click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+if __name__ == "__main__":
+    main()

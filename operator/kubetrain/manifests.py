@@ -1,0 +1,232 @@
+"""Pure builders: a TrainingJob in, the headless Service and the pods of one attempt out (plain dicts).
+
+The pod contract (see docs/pod-contract.md): one pod per node named ``<job>-<index>``, hostname and
+subdomain so that ``<job>-0.<job>`` resolves before anything is ready, torchrun configured through
+the PET_* variables it reads natively, ``restartPolicy: Never`` because restarts are gang restarts
+decided by the operator, and the restricted Pod Security profile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from kubetrain import api
+from kubetrain.spec import TrainingJob, thaw
+
+__all__ = [
+    "build_pod",
+    "build_pods",
+    "build_service",
+    "job_labels",
+    "job_selector",
+    "owner_reference",
+    "pod_name",
+    "rendezvous_id",
+]
+
+Json = Any
+
+# A non-root identity for images that do not declare one; the trainer image uses it too.
+RUN_AS_USER = 1000
+
+
+def pod_name(job_name: str, index: int) -> str:
+    return f"{job_name}-{index}"
+
+
+def rendezvous_id(job: TrainingJob, attempt: int) -> str:
+    """Unique per attempt, so that agents of an old attempt can never join a new rendezvous."""
+    return f"{job.uid or job.name}-{attempt}"
+
+
+def job_labels(job: TrainingJob) -> dict[str, str]:
+    """Labels shared by every child object of a job."""
+    return {api.LABEL.JOB_NAME: job.name, api.LABEL.MANAGED_BY: "kubetrain"}
+
+
+def job_selector(job_name: str) -> str:
+    """Label selector (string form) that matches every pod of a job, whatever the attempt."""
+    return f"{api.LABEL.JOB_NAME}={job_name}"
+
+
+def owner_reference(job: TrainingJob) -> dict[str, Json]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: TrainingJob, name: str, labels: dict[str, str]) -> dict[str, Json]:
+    metadata: dict[str, Json] = {"name": name, "namespace": job.namespace, "labels": labels}
+    if job.uid:  # `kubetrain render` has no uid: the API server assigns it on create
+        metadata["ownerReferences"] = [owner_reference(job)]
+    return metadata
+
+
+def build_service(job: TrainingJob) -> dict[str, Json]:
+    """The headless Service that gives every pod the DNS name ``<job>-<index>.<job>``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, job.name, job_labels(job)),
+        "spec": {
+            "clusterIP": "None",
+            # Rendezvous starts before any pod is ready: resolve names of unready pods too.
+            "publishNotReadyAddresses": True,
+            "selector": {api.LABEL.JOB_NAME: job.name},
+            "ports": [
+                {"name": "rendezvous", "port": api.RENDEZVOUS_PORT, "targetPort": api.RENDEZVOUS_PORT},
+                {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT},
+            ],
+        },
+    }
+
+
+def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
+    spec = job.spec
+    values = {
+        api.ENV.NNODES: spec.nnodes,
+        api.ENV.NPROC_PER_NODE: str(spec.procs_per_node),
+        api.ENV.RDZV_BACKEND: "c10d",
+        api.ENV.RDZV_ENDPOINT: f"{pod_name(job.name, 0)}.{job.name}:{api.RENDEZVOUS_PORT}",
+        api.ENV.RDZV_ID: rendezvous_id(job, attempt),
+        api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.JOB_NAME: job.name,
+        api.ENV.NODE_INDEX: str(index),
+        api.ENV.ATTEMPT: str(attempt),
+        api.ENV.METRICS_PORT: str(api.METRICS_PORT),
+        api.ENV.CHECKPOINT_DIR: spec.checkpoint.path,
+        api.ENV.DATA_DIR: spec.data.path,
+        api.ENV.CONFIG: json.dumps(thaw(spec.trainer_config), sort_keys=True, separators=(",", ":")),
+    }
+    env: list[dict[str, Json]] = [{"name": name, "value": value} for name, value in values.items()]
+    env += [
+        {"name": api.ENV.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": api.ENV.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": api.ENV.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    return env + [thaw(e) for e in spec.env]
+
+
+def _container_args(job: TrainingJob) -> list[str]:
+    if job.spec.command is None:
+        return ["-m", "kubetrain_trainer"]
+    # --no-python: the user's command is an executable (e.g. python train.py), run once per process.
+    return ["--no-python", *job.spec.command, *job.spec.args]
+
+
+def _ports(job: TrainingJob) -> list[dict[str, Json]]:
+    ports = [{"name": "rendezvous", "containerPort": api.RENDEZVOUS_PORT, "protocol": "TCP"}]
+    # One metrics endpoint per local rank: base port + local rank (no multiprocess files to clean).
+    for local_rank in range(job.spec.procs_per_node):
+        name = "metrics" if local_rank == 0 else f"metrics-{local_rank}"
+        ports.append({"name": name, "containerPort": api.METRICS_PORT + local_rank, "protocol": "TCP"})
+    return ports
+
+
+def _resources(job: TrainingJob) -> dict[str, Json]:
+    spec = job.spec
+    amounts: dict[str, Json] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    limits = dict(amounts)
+    if spec.gpus_per_node:
+        limits[api.GPU_RESOURCE] = str(spec.gpus_per_node)
+    # Requests equal limits: Guaranteed QoS, so training pods are the last to be evicted.
+    return {"requests": dict(limits), "limits": limits}
+
+
+def _volumes(job: TrainingJob) -> tuple[list[dict[str, Json]], list[dict[str, Json]]]:
+    spec = job.spec
+    volumes: list[dict[str, Json]] = [
+        {"name": api.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shared_memory}},
+    ]
+    mounts: list[dict[str, Json]] = [{"name": api.SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if spec.checkpoint.claim_name:
+        volumes.append({"name": api.CHECKPOINT_VOLUME,
+                        "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}})
+    else:
+        # Without a claim, checkpoints still guard against in-place worker restarts (maxRestarts).
+        volumes.append({"name": api.CHECKPOINT_VOLUME, "emptyDir": {}})
+    mounts.append({"name": api.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path})
+    if spec.data.claim_name:
+        volumes.append({"name": api.DATA_VOLUME,
+                        "persistentVolumeClaim": {"claimName": spec.data.claim_name, "readOnly": True}})
+        mounts.append({"name": api.DATA_VOLUME, "mountPath": spec.data.path, "readOnly": True})
+    return volumes + [thaw(v) for v in spec.volumes], mounts + [thaw(m) for m in spec.volume_mounts]
+
+
+def _tolerations(job: TrainingJob) -> list[dict[str, Json]]:
+    spec = job.spec
+    lost = spec.failure_policy.node_lost_timeout_seconds
+    # Evict (and so gang-restart) soon after a node is lost, instead of the cluster's 300 s default.
+    tolerations: list[dict[str, Json]] = [
+        {"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": lost}
+        for taint in ("not-ready", "unreachable")
+    ]
+    if spec.gpus_per_node:
+        tolerations.append({"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations + [thaw(t) for t in spec.scheduling.tolerations]
+
+
+def build_pod(job: TrainingJob, index: int, attempt: int) -> dict[str, Json]:
+    """The pod for node ``index`` of attempt ``attempt``."""
+    spec = job.spec
+    name = pod_name(job.name, index)
+    labels = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
+    metadata = _metadata(job, name, labels)
+    metadata["annotations"] = {f"{api.ANNOTATION_PREFIX}rendezvous-id": rendezvous_id(job, attempt)}
+    volumes, mounts = _volumes(job)
+    pod_spec: dict[str, Json] = {
+        "hostname": name,
+        "subdomain": job.name,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": api.CONTAINER_NAME,
+            "image": spec.image,
+            "command": ["torchrun"],
+            "args": _container_args(job),
+            "env": _env(job, index, attempt),
+            "ports": _ports(job),
+            "resources": _resources(job),
+            "volumeMounts": mounts,
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "runAsNonRoot": True,
+            },
+        }],
+        "volumes": volumes,
+        "tolerations": _tolerations(job),
+    }
+    scheduling = spec.scheduling
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = thaw(scheduling.node_selector)
+    if scheduling.affinity:
+        pod_spec["affinity"] = thaw(scheduling.affinity)
+    if scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.scheduler_name:
+        pod_spec["schedulerName"] = scheduling.scheduler_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_pods(job: TrainingJob, attempt: int) -> Iterator[dict[str, Json]]:
+    """Every pod of an attempt, one per desired node."""
+    for index in range(job.spec.nodes):
+        yield build_pod(job, index, attempt)

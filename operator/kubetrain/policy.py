@@ -1,0 +1,448 @@
+"""The reconcile decision as a pure function: (job, stored status, pods, now, progress) -> Decision.
+
+Level-based: every call recomputes what should happen from what exists, so the operator can crash
+and restart at any point. The status written back is the only memory (attempt, restarts, failures).
+
+Failure taxonomy (decided from pod status, never guessed):
+- every pod exited 0 -> Succeeded;
+- disruption (DisruptionTarget condition, eviction, preemption, node loss, a pod that vanished)
+  -> gang restart that does not count against backoffLimit;
+- OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
+- any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
+- no heartbeat for stallTimeoutSeconds while Running -> condition Stalled and a counted gang restart.
+The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from kubetrain import api
+from kubetrain.api import ConditionType, Phase, Reason
+from kubetrain.manifests import job_selector, pod_name
+from kubetrain.spec import TrainingJob
+from kubetrain.status import (
+    FailureKind,
+    PodState,
+    Progress,
+    count_nodes,
+    isoformat,
+    parse_time,
+    progress_status,
+    set_condition,
+)
+
+__all__ = ["Decision", "Event", "reconcile"]
+
+Json = Any
+
+# A terminating pod whose node stopped answering never confirms its deletion: after its grace period
+# plus this margin, the operator force-deletes it so that the next attempt can reuse the name.
+FORCE_DELETE_AFTER = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the operator should do now; ``status`` is the complete new status."""
+
+    status: dict[str, Json]
+    create: tuple[int, ...] = ()
+    delete: tuple[str, ...] = ()
+    force_delete: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+
+@dataclass
+class _Draft:
+    """The decision being assembled by the steps below."""
+
+    job: TrainingJob
+    now: datetime
+    status: dict[str, Json]
+    create: list[int] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    force_delete: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+    @property
+    def attempt(self) -> int:
+        return int(self.status.get("attempt", 0))
+
+    def condition(self, kind: ConditionType, value: bool, reason: str, message: str) -> None:
+        self.status["conditions"] = set_condition(
+            self.status.get("conditions", []), kind, value, reason, message, self.now, self.job.generation
+        )
+
+    def phase(self, phase: Phase, message: str, event: Event | None = None) -> None:
+        if self.status.get("phase") != phase and event is not None:
+            self.events.append(event)
+        self.status["phase"] = str(phase)
+        self.status["message"] = message[:1024]
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(1.0, seconds)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+    def remove(self, pods: Sequence[PodState]) -> None:
+        """Delete pods gracefully; force-delete those stuck terminating on a lost node."""
+        for pod in pods:
+            if pod.name in self.delete or pod.name in self.force_delete:
+                continue
+            if not pod.deleting:
+                self.delete.append(pod.name)
+            elif pod.deletion_time is not None and self.now >= pod.deletion_time + FORCE_DELETE_AFTER:
+                self.force_delete.append(pod.name)
+            else:
+                self.requeue(FORCE_DELETE_AFTER.total_seconds())
+
+    def decision(self) -> Decision:
+        return Decision(
+            status=self.status,
+            create=tuple(self.create),
+            delete=tuple(self.delete),
+            force_delete=tuple(self.force_delete),
+            events=tuple(self.events),
+            delete_job=self.delete_job,
+            requeue_after=self.requeue_after,
+        )
+
+
+def reconcile(
+    job: TrainingJob,
+    status: Mapping[str, Json],
+    pods: Sequence[PodState],
+    now: datetime,
+    progress: Progress | None = None,
+) -> Decision:
+    """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``."""
+    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    draft.status["observedGeneration"] = job.generation
+    draft.status["selector"] = job_selector(job.name)
+    draft.status.setdefault("attempt", 0)
+    draft.status.setdefault("restarts", 0)
+    draft.status.setdefault("startTime", isoformat(now))
+    if progress is not None:
+        _record_progress(draft, progress)
+
+    phase = draft.status.get("phase")
+    if phase in (Phase.SUCCEEDED, Phase.FAILED):
+        _finished(draft, pods)
+    elif job.spec.run_policy.suspend:
+        _suspend(draft, pods)
+    else:
+        if phase == Phase.SUSPENDED:
+            _resume(draft)
+        _run(draft, pods)
+    _account(draft, pods)
+    return draft.decision()
+
+
+def _record_progress(draft: _Draft, progress: Progress) -> None:
+    spec = draft.job.spec
+    previous = draft.status.get("progress") or {}
+    draft.status["progress"] = progress_status(progress, spec.total_steps, spec.samples_per_step, draft.now)
+    checkpoint_step = progress.checkpoint_step or 0
+    if checkpoint_step > int((draft.status.get("lastCheckpoint") or {}).get("step", 0)):
+        draft.status["lastCheckpoint"] = {"step": checkpoint_step, "time": isoformat(draft.now)}
+    saved = int((draft.status.get("lastCheckpoint") or {}).get("step", 0))
+    first_report = "resumedFromStep" not in previous
+    if progress.resumed_from_step == 0 and first_report and draft.attempt > 0 and saved > 0:
+        draft.events.append(Event("Warning", "CheckpointNotResumed",
+                                  f"attempt {draft.attempt} started at step 0 although a checkpoint at step "
+                                  f"{saved} exists: check that the checkpoint volume survives restarts"))
+
+
+def _finished(draft: _Draft, pods: Sequence[PodState]) -> None:
+    policy = draft.job.spec.run_policy
+    if policy.clean_pod_policy == "All":
+        draft.remove([p for p in pods])
+    elif policy.clean_pod_policy == "Running":
+        draft.remove([p for p in pods if not p.finished])
+    draft.status["nodes"] = count_nodes(draft.job.spec.nodes, _current(draft, pods)).as_status()
+    draft.status["gpus"] = 0
+    completed = parse_time(draft.status.get("completionTime"))
+    if policy.ttl_seconds_after_finished is not None and completed is not None:
+        expires = completed + timedelta(seconds=policy.ttl_seconds_after_finished)
+        if draft.now >= expires:
+            draft.delete_job = True
+        else:
+            draft.requeue((expires - draft.now).total_seconds())
+
+
+def _finish(draft: _Draft, pods: Sequence[PodState], succeeded: bool, reason: str, message: str) -> None:
+    phase = Phase.SUCCEEDED if succeeded else Phase.FAILED
+    kind = ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED
+    draft.phase(phase, message, Event("Normal" if succeeded else "Warning", reason, message))
+    draft.condition(kind, True, reason, message)
+    draft.condition(ConditionType.RUNNING, False, reason, message)
+    draft.condition(ConditionType.RESTARTING, False, reason, message)
+    draft.status["completionTime"] = isoformat(draft.now)
+    if succeeded:
+        _final_progress(draft, pods)
+    _finished(draft, pods)
+
+
+def _final_progress(draft: _Draft, pods: Sequence[PodState]) -> None:
+    """A finished job shows 100% and the loss the trainer reported last."""
+    spec = draft.job.spec
+    reports = [r for r in (p.final_report() for p in sorted(pods, key=lambda p: p.index)) if r]
+    progress = draft.status.get("progress") or {}
+    step = int(progress.get("step", 0))
+    loss = progress.get("loss")
+    if reports:
+        step = int(reports[0].get("step", step))
+        loss = reports[0].get("loss", loss)
+    total = spec.total_steps or int(progress.get("totalSteps", 0)) or step
+    final = Progress(step=max(step, total), total_steps=total, loss=float(loss) if loss is not None else None)
+    draft.status["progress"] = {**progress, **progress_status(final, total, None, draft.now)}
+
+
+def _suspend(draft: _Draft, pods: Sequence[PodState]) -> None:
+    draft.remove(list(pods))
+    message = "suspended: pods deleted, checkpoints kept; set spec.runPolicy.suspend=false to resume"
+    draft.phase(Phase.SUSPENDED, message, Event("Normal", Reason.SUSPENDED, message))
+    draft.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message)
+    draft.condition(ConditionType.RUNNING, False, Reason.SUSPENDED, message)
+    draft.status["nodes"] = count_nodes(draft.job.spec.nodes, [p for p in pods if not p.deleting]).as_status()
+    draft.status["gpus"] = 0
+
+
+def _resume(draft: _Draft) -> None:
+    """A resumed job starts a fresh attempt (not a restart) and its deadline counts from now."""
+    draft.status["attempt"] = draft.attempt + 1
+    draft.status["startTime"] = isoformat(draft.now)
+    draft.status.pop("runningTime", None)
+    draft.status.pop("attemptStartTime", None)
+    message = "resumed: starting a new attempt from the latest checkpoint"
+    draft.events.append(Event("Normal", Reason.RESUMED, message))
+    draft.condition(ConditionType.SUSPENDED, False, Reason.RESUMED, message)
+
+
+def _current(draft: _Draft, pods: Sequence[PodState]) -> list[PodState]:
+    return [p for p in pods if p.attempt == draft.attempt]
+
+
+def _run(draft: _Draft, pods: Sequence[PodState]) -> None:
+    spec = draft.job.spec
+    current = _current(draft, pods)
+    stale = [p for p in pods if p.attempt != draft.attempt]
+
+    deadline = spec.run_policy.active_deadline_seconds
+    started = parse_time(draft.status.get("startTime")) or draft.now
+    if deadline is not None:
+        remaining = (started + timedelta(seconds=deadline) - draft.now).total_seconds()
+        if remaining <= 0:
+            _finish(draft, pods, False, Reason.DEADLINE,
+                    f"ran longer than activeDeadlineSeconds={deadline}; pods deleted, checkpoints kept")
+            draft.remove([p for p in pods if not p.finished])
+            return
+        draft.requeue(remaining)
+
+    if stale:
+        # Gang restart in progress: the next attempt starts only once every old pod is gone.
+        draft.remove(stale)
+        message = f"waiting for {len(stale)} pod(s) of the previous attempt to terminate"
+        draft.phase(Phase.RESTARTING, message)
+        draft.condition(ConditionType.RESTARTING, True, Reason.GANG_RESTART, message)
+        draft.status["nodes"] = count_nodes(spec.nodes, current).as_status()
+        return
+
+    if _handle_failures(draft, current) or _handle_success(draft, current):
+        return
+    if _handle_lost_or_extra(draft, current) or _handle_stall(draft, current):
+        return
+    _progress_attempt(draft, current)
+
+
+def _restart(draft: _Draft, current: Sequence[PodState], reason: str, message: str, *, counted: bool,
+             failed: Sequence[PodState] = ()) -> None:
+    """Gang restart: record the post-mortem, bump the attempt, delete every pod of this attempt."""
+    policy = draft.job.spec.failure_policy
+    restarts = int(draft.status.get("restarts", 0))
+    if counted and restarts >= policy.backoff_limit:
+        _record_failures(draft, failed, reason, message, counted=True)
+        _finish(draft, current, False, Reason.BACKOFF_LIMIT,
+                f"{message}; backoffLimit={policy.backoff_limit} restarts used up")
+        draft.remove([p for p in current if not p.finished])
+        return
+    _record_failures(draft, failed, reason, message, counted=counted)
+    if counted:
+        draft.status["restarts"] = restarts + 1
+    else:
+        draft.status["disruptions"] = int(draft.status.get("disruptions", 0)) + 1
+    _fold_gpu_seconds(draft, current)
+    draft.status["attempt"] = draft.attempt + 1
+    draft.status.pop("runningTime", None)
+    draft.status.pop("attemptStartTime", None)
+    progress = draft.status.get("progress")
+    if isinstance(progress, dict):
+        progress.pop("resumedFromStep", None)
+    text = f"{message}; gang restart as attempt {draft.attempt}" + ("" if counted else " (not counted)")
+    draft.phase(Phase.RESTARTING, text, Event("Warning", reason, text))
+    draft.condition(ConditionType.RESTARTING, True, reason, text)
+    draft.condition(ConditionType.RUNNING, False, reason, text)
+    draft.remove(current)
+
+
+def _record_failures(draft: _Draft, failed: Sequence[PodState], reason: str, message: str, *,
+                     counted: bool) -> None:
+    """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod)."""
+    base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
+                             "time": isoformat(draft.now), "message": message[:1024]}
+    records = list(draft.status.get("failures", []))
+    if not failed:
+        records.append(base)
+    for pod in failed:
+        record = base | {"pod": pod.name, "node": pod.node or "", "reason": pod.reason or reason}
+        if pod.exit_code is not None:
+            record["exitCode"] = pod.exit_code
+        records.append(record)
+    draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
+
+
+def _describe(pod: PodState) -> str:
+    code = f" with exit code {pod.exit_code}" if pod.exit_code is not None else ""
+    node = f" on node {pod.node}" if pod.node else ""
+    return f"pod {pod.name}{node} failed{code} ({pod.reason or 'Error'})"
+
+
+def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
+    failed = sorted((p for p in current if p.phase == "Failed"),
+                    key=lambda p: (p.finish_time or draft.now, p.index))
+    if not failed:
+        return False
+    first = failed[0]
+    kind = first.failure_kind
+    message = _describe(first)
+    if kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
+        _record_failures(draft, failed, Reason.OOM_KILLED, message, counted=True)
+        _finish(draft, current, False, Reason.OOM_KILLED,
+                f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
+                "(set failurePolicy.restartOnOOM to retry as is)")
+        draft.remove([p for p in current if not p.finished])
+    elif kind is FailureKind.DISRUPTION:
+        _restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
+    else:
+        _restart(draft, current, Reason.POD_FAILED if kind is FailureKind.ERROR else Reason.OOM_KILLED,
+                 message, counted=True, failed=failed)
+    return True
+
+
+def _handle_success(draft: _Draft, current: Sequence[PodState]) -> bool:
+    succeeded = [p for p in current if p.phase == "Succeeded"]
+    if not succeeded or len(succeeded) < len(current):
+        return False
+    spec = draft.job.spec
+    needed = spec.elastic.min_nodes if spec.elastic else spec.nodes
+    if len(succeeded) < needed:
+        return False
+    _finish(draft, current, True, Reason.ALL_SUCCEEDED,
+            f"all {len(succeeded)} pods completed successfully")
+    draft.status["nodes"] = count_nodes(spec.nodes, current).as_status()
+    return True
+
+
+def _handle_lost_or_extra(draft: _Draft, current: Sequence[PodState]) -> bool:
+    """A pod that vanished mid-attempt is a disruption; fewer desired nodes (elastic) regroup the gang."""
+    spec = draft.job.spec
+    present = {p.index for p in current}
+    was_complete = draft.status.get("phase") in (Phase.STARTING, Phase.RUNNING)
+    previous_desired = int((draft.status.get("nodes") or {}).get("desired", spec.nodes))
+    lost = [i for i in range(min(previous_desired, spec.nodes)) if i not in present]
+    if was_complete and lost:
+        _restart(draft, current, Reason.DISRUPTED,
+                 f"pod(s) {', '.join(str(i) for i in lost)} disappeared", counted=False)
+        return True
+    extra = [p for p in current if p.index >= spec.nodes and not p.finished]
+    if extra:
+        _restart(draft, current, Reason.SCALED,
+                 f"scaled from {previous_desired} to {spec.nodes} nodes", counted=False)
+        return True
+    return False
+
+
+def _handle_stall(draft: _Draft, current: Sequence[PodState]) -> bool:
+    timeout = draft.job.spec.failure_policy.stall_timeout_seconds
+    running_since = parse_time(draft.status.get("runningTime"))
+    if not timeout or draft.status.get("phase") != Phase.RUNNING or running_since is None:
+        return False
+    heartbeat = parse_time((draft.status.get("progress") or {}).get("heartbeatTime"))
+    last_sign = max(running_since, heartbeat) if heartbeat else running_since
+    silent = (draft.now - last_sign).total_seconds()
+    if silent < timeout:
+        draft.requeue(timeout - silent)
+        return False
+    message = f"no training heartbeat for {int(silent)}s (stallTimeoutSeconds={timeout})"
+    draft.condition(ConditionType.STALLED, True, Reason.STALLED, message)
+    _restart(draft, current, Reason.STALLED, message, counted=True)
+    return True
+
+
+def _progress_attempt(draft: _Draft, current: Sequence[PodState]) -> None:
+    """Create missing pods and report Pending, Starting or Running."""
+    spec = draft.job.spec
+    present = {p.index for p in current}
+    draft.create = [i for i in range(spec.nodes) if i not in present]
+    counts = count_nodes(spec.nodes, current)
+    draft.status["nodes"] = counts.as_status()
+    draft.status["gpus"] = spec.gpus
+    if draft.create:
+        draft.status.setdefault("attemptStartTime", isoformat(draft.now))
+        message = f"creating {len(draft.create)} pod(s) for attempt {draft.attempt}"
+        draft.condition(ConditionType.CREATED, True, Reason.CREATED, message)
+        reason = Reason.CREATED if not current else Reason.SCALED
+        draft.events.append(Event("Normal", reason, message))
+    unscheduled = [p.name for p in current if not p.scheduled]
+    if draft.create or unscheduled:
+        waiting = [*unscheduled, *(pod_name(draft.job.name, i) for i in draft.create)]
+        message = f"waiting for {len(waiting)} pod(s) to be scheduled: {', '.join(waiting[:5])}"
+        draft.phase(Phase.PENDING, message)
+        draft.condition(ConditionType.RUNNING, False, Reason.PODS_PENDING, message)
+    elif counts.ready + counts.succeeded < spec.nodes:
+        message = f"{counts.ready}/{spec.nodes} pods running"
+        draft.phase(Phase.STARTING, message)
+        draft.condition(ConditionType.RUNNING, False, Reason.PODS_STARTING, message)
+    else:
+        message = f"all {spec.nodes} pods running ({spec.world_size} processes)"
+        draft.phase(Phase.RUNNING, message, Event("Normal", Reason.ALL_RUNNING, message))
+        draft.condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message)
+        draft.condition(ConditionType.RESTARTING, False, Reason.ALL_RUNNING, message)
+        draft.status.setdefault("runningTime", isoformat(draft.now))
+        if spec.failure_policy.stall_timeout_seconds:
+            draft.condition(ConditionType.STALLED, False, Reason.ALL_RUNNING, "the training heartbeat is fresh")
+            draft.requeue(spec.failure_policy.stall_timeout_seconds)
+
+
+def _attempt_gpu_seconds(draft: _Draft, pods: Sequence[PodState]) -> float:
+    per_pod = draft.job.spec.gpus_per_node
+    total = 0.0
+    for pod in pods:
+        if pod.start_time is not None:
+            end = pod.finish_time or draft.now
+            total += max(0.0, (end - pod.start_time).total_seconds()) * per_pod
+    return total
+
+
+def _fold_gpu_seconds(draft: _Draft, current: Sequence[PodState]) -> None:
+    prior = float(draft.status.get("gpuSecondsPriorAttempts", 0.0))
+    draft.status["gpuSecondsPriorAttempts"] = prior + _attempt_gpu_seconds(draft, current)
+
+
+def _account(draft: _Draft, pods: Sequence[PodState]) -> None:
+    prior = float(draft.status.get("gpuSecondsPriorAttempts", 0.0))
+    draft.status["gpuSeconds"] = round(prior + _attempt_gpu_seconds(draft, _current(draft, pods)), 1)

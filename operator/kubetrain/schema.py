@@ -1,0 +1,239 @@
+"""Local validation that evaluates the CRD itself: its OpenAPI schema, defaults and CEL rules.
+
+The API server is the authority; this module runs the very same rules (read from the CRD file that
+is installed in the cluster) so that `kubetrain validate` and `kubectl apply` cannot drift apart.
+It mimics the server's order: unknown fields, defaulting, schema, then CEL rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import celpy
+import jsonschema
+import yaml
+from celpy.adapter import json_to_cel
+
+__all__ = ["Problem", "apply_defaults", "crd", "crd_schema", "validate_object"]
+
+Json = Any
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One reason an object is invalid: the field path (as the API server writes it) and why."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@functools.cache
+def crd() -> Mapping[str, Json]:
+    """The TrainingJob CustomResourceDefinition shipped with the package."""
+    text = importlib.resources.files("kubetrain").joinpath("crd.yaml").read_text(encoding="utf-8")
+    loaded: Mapping[str, Json] = yaml.safe_load(text)
+    return loaded
+
+
+def crd_schema() -> Mapping[str, Json]:
+    """The openAPIV3Schema of the served version."""
+    schema: Mapping[str, Json] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _child_schema(schema: Mapping[str, Json], key: str) -> Mapping[str, Json] | None:
+    properties = schema.get("properties", {})
+    if key in properties:
+        child: Mapping[str, Json] = properties[key]
+        return child
+    additional = schema.get("additionalProperties")
+    if isinstance(additional, dict):
+        return additional
+    return None
+
+
+def apply_defaults(schema: Mapping[str, Json], value: Json) -> Json:
+    """Return a copy of ``value`` with the schema's defaults filled in, as the API server does.
+
+    A default applies where the field is absent and its parent object is present; defaults of
+    nested objects (``default: {}``) are themselves defaulted.
+    """
+    if isinstance(value, dict):
+        result = dict(value)
+        for key, prop in schema.get("properties", {}).items():
+            if key not in result and "default" in prop:
+                result[key] = copy.deepcopy(prop["default"])
+        for key, item in result.items():
+            child = _child_schema(schema, key)
+            if child is not None:
+                result[key] = apply_defaults(child, item)
+        return result
+    if isinstance(value, list) and "items" in schema:
+        return [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def _path(parts: Iterator[str | int] | list[str | int]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _unknown_fields(schema: Mapping[str, Json], value: Json, where: list[str | int]) -> Iterator[Problem]:
+    if isinstance(value, dict):
+        if schema.get("x-kubernetes-preserve-unknown-fields") or where == ["metadata"]:
+            return
+        for key, item in value.items():
+            child = _child_schema(schema, key)
+            if child is None:
+                yield Problem(_path([*where, key]), "unknown field (check its spelling and indentation)")
+            else:
+                yield from _unknown_fields(child, item, [*where, key])
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            yield from _unknown_fields(schema["items"], item, [*where, index])
+
+
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string",
+               "boolean": "true or false", "object": "a mapping", "array": "a list"}
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    keyword = error.validator
+    if keyword == "minimum":
+        exclusive = schema.get("exclusiveMinimum") is True
+        return f"must be {'greater than' if exclusive else 'at least'} {schema['minimum']} (got {error.instance})"
+    if keyword == "maximum":
+        return f"must be at most {schema['maximum']} (got {error.instance})"
+    if keyword == "enum":
+        return f"must be one of {', '.join(map(str, schema['enum']))} (got {error.instance!r})"
+    if keyword == "type":
+        return f"must be {_TYPE_WORDS.get(str(schema['type']), schema['type'])} (got {error.instance!r})"
+    if keyword == "pattern":
+        return f"must match the pattern {schema['pattern']} (got {error.instance!r})"
+    if keyword == "minLength":
+        return f"must be at least {schema['minLength']} characters long"
+    if keyword == "maxLength":
+        return f"must be at most {schema['maxLength']} characters long"
+    if keyword == "minItems":
+        return f"must have at least {schema['minItems']} items"
+    if keyword == "maxItems":
+        return f"must have at most {schema['maxItems']} items"
+    if keyword == "maxProperties":
+        return f"must have at most {schema['maxProperties']} entries"
+    if keyword == "anyOf" and schema.get("x-kubernetes-int-or-string"):
+        return f"must be an integer or a quantity string such as 8Gi (got {error.instance!r})"
+    return error.message
+
+
+def _schema_problems(schema: Mapping[str, Json], value: Json) -> Iterator[Problem]:
+    # The CRD schema is OpenAPI 3.0, whose keywords (boolean exclusiveMinimum) are draft 4's.
+    validator = jsonschema.Draft4Validator(schema)
+    for error in validator.iter_errors(value):
+        parts: list[str | int] = list(error.absolute_path)
+        if error.validator == "required":
+            missing = re.findall(r"'([^']+)' is a required property", error.message)
+            yield Problem(_path([*parts, *missing]), "is required")
+        elif error.validator == "pattern" and any(
+            isinstance(sub, dict) and sub.get("x-kubernetes-int-or-string") for sub in [error.schema]
+        ):
+            yield Problem(_path(parts), f"must be a quantity such as 8Gi or 500m (got {error.instance!r})")
+        else:
+            yield Problem(_path(parts), _schema_message(error))
+
+
+def _list_problems(schema: Mapping[str, Json], value: Json, where: list[str | int]) -> Iterator[Problem]:
+    """Uniqueness of x-kubernetes-list-type: map keys, which the server checks beside the schema."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = _child_schema(schema, key)
+            if child is not None:
+                yield from _list_problems(child, item, [*where, key])
+    elif isinstance(value, list) and "items" in schema:
+        if schema.get("x-kubernetes-list-type") == "map":
+            keys = schema.get("x-kubernetes-list-map-keys", [])
+            seen: set[tuple[Json, ...]] = set()
+            for index, item in enumerate(value):
+                if not isinstance(item, dict):
+                    continue
+                key_value = tuple(item.get(k) for k in keys)
+                if key_value in seen:
+                    yield Problem(_path([*where, index]), f"duplicate entry for {', '.join(keys)} {key_value[0]!r}")
+                seen.add(key_value)
+        for index, item in enumerate(value):
+            yield from _list_problems(schema["items"], item, [*where, index])
+
+
+@functools.cache
+def _program(rule: str) -> Any:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(rule))
+
+
+def _cel_problems(
+    schema: Mapping[str, Json], value: Json, old: Json, where: list[str | int]
+) -> Iterator[Problem]:
+    for validation in schema.get("x-kubernetes-validations", []):
+        rule = validation["rule"]
+        is_transition = "oldSelf" in rule
+        if is_transition and old is None:
+            continue  # transition rules apply to updates only
+        activation = {"self": json_to_cel(value)}
+        if is_transition:
+            activation["oldSelf"] = json_to_cel(old)
+        result = _program(rule).evaluate(activation)
+        if isinstance(result, Exception) or not bool(result):
+            field = validation.get("fieldPath", "")
+            base = _path(where)
+            path = (base + field) if base else field.lstrip(".")
+            yield Problem(path or "<root>", validation.get("message", f"failed rule: {rule}"))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = _child_schema(schema, key)
+            if child is not None:
+                old_item = old.get(key) if isinstance(old, dict) else None
+                yield from _cel_problems(child, item, old_item, [*where, key])
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            old_item = _correlate(schema, item, old)
+            yield from _cel_problems(schema["items"], item, old_item, [*where, index])
+
+
+def _correlate(schema: Mapping[str, Json], item: Json, old: Json) -> Json:
+    """The old list item that the server pairs with ``item`` for transition rules (map lists only)."""
+    if schema.get("x-kubernetes-list-type") != "map" or not isinstance(old, list) or not isinstance(item, dict):
+        return None
+    keys = schema.get("x-kubernetes-list-map-keys", [])
+    for candidate in old:
+        if isinstance(candidate, dict) and all(candidate.get(k) == item.get(k) for k in keys):
+            return candidate
+    return None
+
+
+def validate_object(obj: Json, old: Json = None) -> tuple[Json, list[Problem]]:
+    """Default and validate a TrainingJob object; return the defaulted object and its problems.
+
+    ``old`` is the stored object for an update, which enables the CEL transition rules.
+    """
+    schema = crd_schema()
+    if not isinstance(obj, dict):
+        return obj, [Problem("<root>", "must be a mapping with apiVersion, kind, metadata and spec")]
+    problems = sorted(set(_unknown_fields(schema, obj, [])))
+    defaulted = apply_defaults(schema, obj)
+    old_defaulted = apply_defaults(schema, old) if old is not None else None
+    problems += sorted(set(_schema_problems(schema, defaulted)))
+    problems += list(_list_problems(schema, defaulted, []))
+    if not problems:
+        problems += list(_cel_problems(schema, defaulted, old_defaulted, []))
+    return defaulted, problems

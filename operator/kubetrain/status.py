@@ -1,0 +1,272 @@
+"""Pure functions from pods (as the API returns them) to the facts a TrainingJob's status is made of."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from kubetrain import api
+
+__all__ = [
+    "FailureKind",
+    "NodeCounts",
+    "PodState",
+    "Progress",
+    "count_nodes",
+    "format_duration",
+    "isoformat",
+    "parse_time",
+    "pod_state",
+    "progress_status",
+    "set_condition",
+]
+
+Json = Any
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def isoformat(moment: datetime) -> str:
+    """RFC 3339 in UTC with a Z, as Kubernetes writes times."""
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+class FailureKind(StrEnum):
+    """The failure taxonomy: each kind gets its own action (see policy.py)."""
+
+    ERROR = "Error"  # non-zero exit of the program: counts against backoffLimit
+    OOM = "OOMKilled"  # the kernel killed it for memory: fails the job unless restartOnOOM
+    DISRUPTION = "Disrupted"  # preemption, eviction, node loss: restart without counting
+
+
+# Pod-level reasons that mean the platform, not the program, ended the pod.
+_DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown", "Terminated",
+                                 "DeletionByTaintManager", "TerminationByKubelet"})
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the operator needs to know about one pod."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str
+    scheduled: bool
+    ready: bool
+    node: str | None
+    exit_code: int | None
+    reason: str | None
+    message: str | None
+    disrupted: bool
+    deleting: bool
+    deletion_time: datetime | None
+    start_time: datetime | None
+    finish_time: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+    @property
+    def failure_kind(self) -> FailureKind | None:
+        if self.phase != "Failed":
+            return None
+        if self.reason == "OOMKilled":
+            return FailureKind.OOM
+        if self.disrupted:
+            return FailureKind.DISRUPTION
+        return FailureKind.ERROR
+
+    def final_report(self) -> Mapping[str, Json] | None:
+        """The trainer's last words (JSON in the termination message), if it left any."""
+        if not self.message:
+            return None
+        try:
+            report = json.loads(self.message)
+        except ValueError:
+            return None
+        return report if isinstance(report, dict) else None
+
+
+def _condition(pod: Mapping[str, Json], kind: str) -> Mapping[str, Json] | None:
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            found: Mapping[str, Json] = condition
+            return found
+    return None
+
+
+def _is_true(condition: Mapping[str, Json] | None) -> bool:
+    return condition is not None and condition.get("status") == "True"
+
+
+def pod_state(pod: Mapping[str, Json]) -> PodState:
+    """Summarise a pod object (a dict as the API returns it)."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    status = pod.get("status") or {}
+    terminated: Mapping[str, Json] = {}
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == api.CONTAINER_NAME:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+    pod_reason = status.get("reason")
+    disruption = _condition(pod, "DisruptionTarget")
+    return PodState(
+        name=metadata.get("name", ""),
+        index=int(labels.get(api.LABEL.NODE_INDEX, -1)),
+        attempt=int(labels.get(api.LABEL.ATTEMPT, -1)),
+        phase=status.get("phase") or "Pending",
+        scheduled=_is_true(_condition(pod, "PodScheduled")) or bool(pod.get("spec", {}).get("nodeName")),
+        ready=_is_true(_condition(pod, "Ready")),
+        node=pod.get("spec", {}).get("nodeName"),
+        exit_code=terminated.get("exitCode"),
+        reason=terminated.get("reason") or pod_reason,
+        message=terminated.get("message") or status.get("message"),
+        disrupted=_is_true(disruption) or pod_reason in _DISRUPTION_REASONS,
+        deleting=metadata.get("deletionTimestamp") is not None,
+        deletion_time=parse_time(metadata.get("deletionTimestamp")),
+        start_time=parse_time(status.get("startTime")),
+        finish_time=parse_time(terminated.get("finishedAt")),
+    )
+
+
+@dataclass(frozen=True)
+class NodeCounts:
+    desired: int
+    active: int
+    ready: int
+    succeeded: int
+    failed: int
+
+    def as_status(self) -> dict[str, Json]:
+        return {
+            "desired": self.desired, "active": self.active, "ready": self.ready,
+            "succeeded": self.succeeded, "failed": self.failed, "summary": f"{self.ready}/{self.desired}",
+        }
+
+
+def count_nodes(desired: int, pods: Iterable[PodState]) -> NodeCounts:
+    """Counts over the pods of one attempt."""
+    current = list(pods)
+    return NodeCounts(
+        desired=desired,
+        active=sum(1 for p in current if not p.finished and not p.deleting),
+        ready=sum(1 for p in current if p.running and p.ready),
+        succeeded=sum(1 for p in current if p.phase == "Succeeded"),
+        failed=sum(1 for p in current if p.phase == "Failed"),
+    )
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Json]],
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int,
+) -> list[dict[str, Json]]:
+    """Conditions with ``kind`` set; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    result: list[dict[str, Json]] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != kind:
+            result.append(dict(condition))
+            continue
+        found = True
+        changed = condition.get("status") != value
+        result.append({
+            "type": kind, "status": value, "reason": reason, "message": message,
+            "observedGeneration": generation,
+            "lastTransitionTime": isoformat(now) if changed else condition.get("lastTransitionTime", isoformat(now)),
+        })
+    if not found:
+        result.append({"type": kind, "status": value, "reason": reason, "message": message,
+                       "observedGeneration": generation, "lastTransitionTime": isoformat(now)})
+    return result
+
+
+def format_duration(seconds: float) -> str:
+    """Compact, human: 45s, 12m, 3h05m, 2d04h."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What rank 0 of the trainer reports (scraped from its metrics, or from its last words)."""
+
+    step: int
+    total_steps: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    heartbeat: datetime | None = None
+    checkpoint_step: int | None = None
+    resumed_from_step: int | None = None
+
+
+def _loss_text(loss: float) -> str:
+    if not math.isfinite(loss):
+        return str(loss)
+    return f"{loss:.4g}"
+
+
+def progress_status(
+    progress: Progress, total_steps: int | None, samples_per_step: int | None, now: datetime
+) -> dict[str, Json]:
+    """status.progress from a progress report; the total from the report, else from the spec.
+
+    The ETA divides the remaining steps by the step rate, which is the reported sample rate over
+    the samples one optimizer step consumes (batch size x accumulation x world size).
+    """
+    total = progress.total_steps or total_steps
+    result: dict[str, Json] = {"step": progress.step, "updatedAt": isoformat(now)}
+    if total:
+        percent = min(100, int(100 * progress.step / total))
+        result |= {"totalSteps": total, "percent": percent, "summary": f"{percent}% ({progress.step}/{total})"}
+        if progress.samples_per_second and samples_per_step and progress.step < total:
+            steps_per_second = progress.samples_per_second / samples_per_step
+            result["eta"] = format_duration((total - progress.step) / steps_per_second)
+        elif progress.step >= total:
+            result["eta"] = "0s"
+    else:
+        result["summary"] = f"step {progress.step}"
+    if progress.epoch is not None:
+        result["epoch"] = progress.epoch
+    if progress.loss is not None and math.isfinite(progress.loss):
+        result["loss"] = progress.loss
+    if progress.loss is not None:
+        result["lossText"] = _loss_text(progress.loss)
+    if progress.samples_per_second is not None:
+        result["samplesPerSecond"] = round(progress.samples_per_second, 3)
+        result["throughputText"] = f"{progress.samples_per_second:.1f}"
+    if progress.heartbeat is not None:
+        result["heartbeatTime"] = isoformat(progress.heartbeat)
+    if progress.resumed_from_step is not None:
+        result["resumedFromStep"] = progress.resumed_from_step
+    return result

@@ -1,0 +1,58 @@
+"""Pod objects shaped like the API server returns them, for the pure status and policy tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetrain.status import PodState, pod_state
+
+Json = Any
+T0 = "2026-11-01T10:00:00Z"
+
+
+def pod(
+    index: int,
+    phase: str = "Running",
+    *,
+    job: str = "valid",
+    attempt: int = 0,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    pod_reason: str | None = None,
+    disrupted: bool = False,
+    scheduled: bool = True,
+    deleting: str | None = None,
+    finished_at: str = "2026-11-01T10:05:00Z",
+    message: str | None = None,
+    node: str = "node-0",
+) -> Json:
+    """A pod object in ``phase``; a terminated container when exit_code is given."""
+    conditions = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
+    if phase == "Running":
+        conditions += [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
+    if disrupted:
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"})
+    container: dict[str, Json] = {"name": "trainer", "state": {"running": {"startedAt": T0}}}
+    if exit_code is not None:
+        terminated: dict[str, Json] = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0
+                                       else "Error"), "startedAt": T0, "finishedAt": finished_at}
+        if message:
+            terminated["message"] = message
+        container["state"] = {"terminated": terminated}
+    status: dict[str, Json] = {"phase": phase, "conditions": conditions}
+    if phase != "Pending" or scheduled:
+        status |= {"startTime": T0, "containerStatuses": [container]}
+    if pod_reason:
+        status["reason"] = pod_reason
+    metadata: dict[str, Json] = {
+        "name": f"{job}-{index}",
+        "labels": {"kubetrain.io/job-name": job, "kubetrain.io/node-index": str(index),
+                   "kubetrain.io/attempt": str(attempt)},
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = deleting
+    return {"metadata": metadata, "spec": {"nodeName": node if scheduled else None}, "status": status}
+
+
+def states(*pods: Json) -> list[PodState]:
+    return [pod_state(p) for p in pods]

@@ -1,0 +1,165 @@
+"""The Service and pods built from a spec: golden files plus the pod contract, rule by rule."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubetrain import api
+from kubetrain.manifests import build_pod, build_pods, build_service
+from kubetrain.spec import TrainingJob, parse
+
+from tests.invalid_specs import base_job
+
+ROOT = Path(__file__).parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _job(document: dict[str, Any], uid: str = "6b1f3c1e-0000-4000-8000-000000000001") -> TrainingJob:
+    document = json.loads(json.dumps(document))
+    document["metadata"] |= {"namespace": "team-a", "uid": uid, "generation": 1}
+    return parse(document)
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_rendered_manifests_match_golden_file(path: Path) -> None:
+    job = _job(yaml.safe_load(path.read_text()))
+    rendered = yaml.safe_dump_all([build_service(job), *build_pods(job, attempt=1)], sort_keys=False)
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.exists(), f"run UPDATE_GOLDEN=1 pytest {__file__} to create {golden}"
+    assert rendered == golden.read_text(), f"{golden} differs; review and run with UPDATE_GOLDEN=1"
+
+
+def test_one_pod_per_node_with_stable_dns_names() -> None:
+    job = _job(base_job())
+    pods = list(build_pods(job, attempt=0))
+    assert [p["metadata"]["name"] for p in pods] == ["valid-0", "valid-1"]
+    for index, pod in enumerate(pods):
+        assert pod["spec"]["hostname"] == f"valid-{index}"
+        assert pod["spec"]["subdomain"] == "valid"
+        assert pod["metadata"]["labels"][api.LABEL.NODE_INDEX] == str(index)
+
+
+def test_headless_service_publishes_unready_pods() -> None:
+    service = build_service(_job(base_job()))
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {api.LABEL.JOB_NAME: "valid"}
+
+
+def test_torchrun_is_configured_through_pet_variables() -> None:
+    job = _job(base_job())
+    env = _env(build_pod(job, 1, attempt=3))
+    assert env["PET_NNODES"] == "2"
+    assert env["PET_NPROC_PER_NODE"] == "2"
+    assert env["PET_RDZV_BACKEND"] == "c10d"
+    assert env["PET_RDZV_ENDPOINT"] == "valid-0.valid:29400"
+    assert env["PET_RDZV_ID"] == f"{job.uid}-3"
+    assert env["KUBETRAIN_ATTEMPT"] == "3"
+    assert env["KUBETRAIN_NODE_INDEX"] == "1"
+    assert json.loads(env["KUBETRAIN_CONFIG"])["trainer"]["task"] == "digits"
+    assert env["KUBETRAIN_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_rendezvous_id_changes_with_every_attempt() -> None:
+    job = _job(base_job())
+    ids = {_env(build_pod(job, 0, attempt))["PET_RDZV_ID"] for attempt in range(3)}
+    assert len(ids) == 3
+
+
+def test_elastic_job_passes_a_node_range() -> None:
+    document = base_job()
+    document["spec"]["elastic"] = {"minNodes": 1, "maxNodes": 4}
+    assert _env(build_pod(_job(document), 0, 0))["PET_NNODES"] == "1:4"
+
+
+def test_user_command_runs_under_torchrun_without_python_wrapper() -> None:
+    document = base_job()
+    del document["spec"]["trainer"]
+    document["spec"] |= {"command": ["python", "train.py"], "args": ["--lr", "0.1"]}
+    container = build_pod(_job(document), 0, 0)["spec"]["containers"][0]
+    assert container["command"] == ["torchrun"]
+    assert container["args"] == ["--no-python", "python", "train.py", "--lr", "0.1"]
+
+
+def test_gpus_become_limits_and_a_toleration() -> None:
+    document = base_job()
+    document["spec"]["gpusPerNode"] = 8
+    del document["spec"]["procsPerNode"]
+    pod = build_pod(_job(document), 0, 0)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    assert [p["name"] for p in container["ports"]][:3] == ["rendezvous", "metrics", "metrics-1"]
+    assert len(container["ports"]) == 1 + 8
+
+
+def test_restricted_pod_security_and_restart_policy() -> None:
+    pod = build_pod(_job(base_job()), 0, 0)
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+    }
+    shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_children_are_owned_by_the_job() -> None:
+    job = _job(base_job())
+    for child in (build_service(job), build_pod(job, 0, 0)):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "valid",
+                         "uid": job.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def test_checkpoint_claim_is_mounted_at_the_checkpoint_path() -> None:
+    document = base_job()
+    document["spec"]["checkpoint"] = {"claimName": "ckpt", "path": "/ckpt"}
+    pod = build_pod(_job(document), 0, 0)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
+    assert volume["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert _env(pod)["KUBETRAIN_CHECKPOINT_DIR"] == "/ckpt"
+
+
+def test_user_env_volumes_and_scheduling_are_passed_through() -> None:
+    document = base_job()
+    document["spec"] |= {
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "scheduling": {"nodeSelector": {"pool": "a100"}, "priorityClassName": "high",
+                       "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+    }
+    spec = build_pod(_job(document), 0, 0)["spec"]
+    assert _env({"spec": spec})["NCCL_DEBUG"] == "INFO"
+    assert {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}} in spec["volumes"]
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert spec["priorityClassName"] == "high"
+    assert {"key": "dedicated", "operator": "Exists"} in spec["tolerations"]
+
+
+def test_node_loss_toleration_follows_the_policy() -> None:
+    document = base_job()
+    document["spec"]["failurePolicy"] = {"nodeLostTimeoutSeconds": 15}
+    tolerations = build_pod(_job(document), 0, 0)["spec"]["tolerations"]
+    unreachable = next(t for t in tolerations if t["key"] == "node.kubernetes.io/unreachable")
+    assert unreachable["tolerationSeconds"] == 15

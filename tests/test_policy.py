@@ -1,0 +1,294 @@
+"""The reconcile decision, case by case: the lifecycle and every branch of the failure taxonomy."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubetrain.policy import Decision, reconcile
+from kubetrain.spec import TrainingJob, parse
+from kubetrain.status import Progress
+
+from tests.invalid_specs import base_job
+from tests.pods import pod, states
+
+NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
+Json = Any
+
+
+def job(**spec: Json) -> TrainingJob:
+    document = base_job()
+    document["metadata"] |= {"uid": "uid-1", "generation": 2}
+    for key, value in spec.items():
+        document["spec"][key] = value
+    return parse(document)
+
+
+def running(**extra: Json) -> dict[str, Json]:
+    return {"phase": "Running", "attempt": 0, "restarts": 0, "startTime": "2026-11-01T10:00:00Z",
+            "runningTime": "2026-11-01T10:01:00Z", "nodes": {"desired": 2}} | extra
+
+
+def reasons(decision: Decision) -> list[str]:
+    return [e.reason for e in decision.events]
+
+
+def condition(decision: Decision, kind: str) -> dict[str, Json]:
+    return next(c for c in decision.status["conditions"] if c["type"] == kind)
+
+
+class TestLifecycle:
+    def test_new_job_creates_every_pod_and_is_pending(self) -> None:
+        decision = reconcile(job(), {}, [], NOW)
+        assert decision.create == (0, 1)
+        assert decision.status["phase"] == "Pending"
+        assert decision.status["attempt"] == 0 and decision.status["restarts"] == 0
+        assert decision.status["startTime"] == "2026-11-01T10:10:00Z"
+        assert decision.status["observedGeneration"] == 2
+        assert decision.status["selector"] == "kubetrain.io/job-name=valid"
+        assert reasons(decision) == ["PodsCreated"]
+        assert condition(decision, "Created")["status"] == "True"
+
+    def test_partially_created_attempt_creates_the_rest(self) -> None:
+        decision = reconcile(job(), {"phase": "Pending"}, states(pod(0, "Pending")), NOW)
+        assert decision.create == (1,)
+
+    def test_unscheduled_pods_keep_the_job_pending(self) -> None:
+        pods = states(pod(0), pod(1, "Pending", scheduled=False))
+        decision = reconcile(job(), {"phase": "Pending"}, pods, NOW)
+        assert decision.status["phase"] == "Pending"
+        assert "valid-1" in decision.status["message"]
+        assert decision.create == ()
+
+    def test_scheduled_but_not_running_is_starting(self) -> None:
+        decision = reconcile(job(), {"phase": "Pending"}, states(pod(0), pod(1, "Pending")), NOW)
+        assert decision.status["phase"] == "Starting"
+        assert decision.status["nodes"]["summary"] == "1/2"
+
+    def test_all_running_is_running(self) -> None:
+        decision = reconcile(job(), {"phase": "Starting"}, states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Running"
+        assert decision.status["runningTime"] == "2026-11-01T10:10:00Z"
+        assert reasons(decision) == ["AllPodsRunning"]
+        assert condition(decision, "Running")["status"] == "True"
+        assert decision.requeue_after == 600  # the stall check comes back
+
+    def test_running_again_emits_no_duplicate_event(self) -> None:
+        decision = reconcile(job(), running(), states(pod(0), pod(1)), NOW)
+        assert decision.events == ()
+
+    def test_all_succeeded_is_succeeded_at_100_percent_with_final_loss(self) -> None:
+        pods = states(pod(0, "Succeeded", exit_code=0, message='{"step": 10, "loss": 0.042}'),
+                      pod(1, "Succeeded", exit_code=0))
+        decision = reconcile(job(), running(progress={"step": 8, "loss": 0.1}), pods, NOW)
+        assert decision.status["phase"] == "Succeeded"
+        assert decision.status["completionTime"] == "2026-11-01T10:10:00Z"
+        assert condition(decision, "Succeeded")["status"] == "True"
+        assert condition(decision, "Running")["status"] == "False"
+        progress = decision.status["progress"]
+        assert (progress["percent"], progress["step"], progress["loss"]) == (100, 10, 0.042)
+        assert decision.delete == ()  # finished pods stay for their logs (cleanPodPolicy Running)
+
+    def test_one_pod_done_while_the_other_runs_waits(self) -> None:
+        decision = reconcile(job(), running(), states(pod(0, "Succeeded", exit_code=0), pod(1)), NOW)
+        assert decision.status["phase"] == "Running"
+
+
+class TestFailures:
+    def test_error_exit_gang_restarts_and_counts(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=1, node="node-1"), pod(1))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert (decision.status["attempt"], decision.status["restarts"]) == (1, 1)
+        assert set(decision.delete) == {"valid-0", "valid-1"}
+        (failure,) = decision.status["failures"]
+        assert failure | {"time": None} == {
+            "attempt": 0, "pod": "valid-0", "node": "node-1", "exitCode": 1, "reason": "Error",
+            "counted": True, "time": None, "message": "pod valid-0 on node node-1 failed with exit code 1 (Error)",
+        }
+        assert reasons(decision) == ["PodFailed"]
+        assert "runningTime" not in decision.status
+
+    def test_error_after_backoff_limit_fails_the_job(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=2), pod(1))
+        decision = reconcile(job(failurePolicy={"backoffLimit": 1}), running(restarts=1), pods, NOW)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "BackoffLimitExceeded"
+        assert "exit code 2" in decision.status["message"]
+        assert decision.delete == ("valid-1",)
+        assert decision.status["failures"][-1]["exitCode"] == 2
+
+    def test_backoff_limit_zero_fails_at_once(self) -> None:
+        decision = reconcile(job(failurePolicy={"backoffLimit": 0}), running(),
+                             states(pod(0, "Failed", exit_code=1), pod(1)), NOW)
+        assert decision.status["phase"] == "Failed"
+
+    def test_oom_fails_the_job_with_its_reason(self) -> None:
+        pods = states(pod(0), pod(1, "Failed", exit_code=137, reason="OOMKilled"))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "OOMKilled"
+        assert "spec.resources.memory" in decision.status["message"]
+        assert decision.delete == ("valid-0",)
+
+    def test_oom_restarts_when_the_policy_says_so(self) -> None:
+        pods = states(pod(0), pod(1, "Failed", exit_code=137, reason="OOMKilled"))
+        decision = reconcile(job(failurePolicy={"restartOnOOM": True}), running(), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["restarts"] == 1
+
+    def test_disruption_restarts_without_counting(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=143, disrupted=True), pod(1))
+        decision = reconcile(job(failurePolicy={"backoffLimit": 0}), running(), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert (decision.status["restarts"], decision.status["disruptions"]) == (0, 1)
+        assert decision.status["failures"][0]["counted"] is False
+        assert reasons(decision) == ["Disrupted"]
+
+    def test_the_first_failure_names_the_cause(self) -> None:
+        pods = states(
+            pod(0, "Failed", exit_code=1, finished_at="2026-11-01T10:06:00Z"),  # lost its peer
+            pod(1, "Failed", exit_code=143, disrupted=True, finished_at="2026-11-01T10:05:00Z"),
+        )
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["restarts"] == 0
+        assert decision.status["disruptions"] == 1
+        assert len(decision.status["failures"]) == 2
+
+    def test_vanished_pod_is_a_disruption(self) -> None:
+        decision = reconcile(job(), running(), states(pod(0)), NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["disruptions"] == 1
+        assert decision.delete == ("valid-0",)
+
+    def test_failures_list_is_bounded(self) -> None:
+        history = [{"attempt": i, "reason": "Error"} for i in range(20)]
+        decision = reconcile(job(), running(failures=history), states(pod(0, "Failed", exit_code=1), pod(1)), NOW)
+        assert len(decision.status["failures"]) == 20
+        assert decision.status["failures"][-1]["pod"] == "valid-0"
+
+
+class TestGangRestart:
+    def test_old_attempt_pods_are_deleted_before_the_next_attempt(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=1), pod(1, deleting="2026-11-01T10:09:50Z"))
+        decision = reconcile(job(), running(phase="Restarting", attempt=1, restarts=1), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.delete == ("valid-0",)
+        assert decision.create == ()
+
+    def test_next_attempt_starts_when_old_pods_are_gone(self) -> None:
+        decision = reconcile(job(), running(phase="Restarting", attempt=1, restarts=1), [], NOW)
+        assert decision.create == (0, 1)
+        assert decision.status["phase"] == "Pending"
+        assert reasons(decision) == ["PodsCreated"]
+
+    def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted(self) -> None:
+        pods = states(pod(0, deleting="2026-11-01T10:00:00Z"))
+        decision = reconcile(job(), running(phase="Restarting", attempt=1), pods, NOW)
+        assert decision.force_delete == ("valid-0",)
+
+    def test_stall_restarts_and_sets_the_condition(self) -> None:
+        status = running(progress={"heartbeatTime": "2026-11-01T10:02:00Z", "step": 5})
+        decision = reconcile(job(failurePolicy={"stallTimeoutSeconds": 300}), status, states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert condition(decision, "Stalled")["status"] == "True"
+        assert decision.status["restarts"] == 1
+        assert reasons(decision) == ["NoHeartbeat"]
+
+    def test_fresh_heartbeat_is_not_a_stall(self) -> None:
+        status = running(progress={"heartbeatTime": "2026-11-01T10:09:00Z"})
+        decision = reconcile(job(failurePolicy={"stallTimeoutSeconds": 300}), status, states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Running"
+        assert decision.requeue_after == 240
+
+    def test_stall_detection_can_be_disabled(self) -> None:
+        status = running(runningTime="2026-10-01T00:00:00Z")
+        decision = reconcile(job(failurePolicy={"stallTimeoutSeconds": 0}), status, states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Running"
+
+
+class TestRunPolicy:
+    def test_suspend_deletes_pods_and_keeps_the_job(self) -> None:
+        decision = reconcile(job(runPolicy={"suspend": True}), running(), states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Suspended"
+        assert set(decision.delete) == {"valid-0", "valid-1"}
+        assert condition(decision, "Suspended")["status"] == "True"
+
+    def test_resume_starts_a_new_attempt_with_a_fresh_deadline(self) -> None:
+        decision = reconcile(job(), {"phase": "Suspended", "attempt": 2, "startTime": "2026-10-01T00:00:00Z"}, [], NOW)
+        assert decision.status["attempt"] == 3
+        assert decision.status["restarts"] == 0
+        assert decision.status["startTime"] == "2026-11-01T10:10:00Z"
+        assert decision.create == (0, 1)
+        assert "Resumed" in reasons(decision)
+        assert condition(decision, "Suspended")["status"] == "False"
+
+    def test_deadline_fails_the_job_and_stops_its_pods(self) -> None:
+        decision = reconcile(job(runPolicy={"activeDeadlineSeconds": 300}), running(), states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "DeadlineExceeded"
+        assert set(decision.delete) == {"valid-0", "valid-1"}
+
+    def test_deadline_not_reached_requeues_for_it(self) -> None:
+        deadline_only = job(runPolicy={"activeDeadlineSeconds": 900}, failurePolicy={"stallTimeoutSeconds": 0})
+        decision = reconcile(deadline_only, running(), states(pod(0), pod(1)), NOW)
+        assert decision.status["phase"] == "Running"
+        assert decision.requeue_after == 300
+
+    @pytest.mark.parametrize(("policy", "deleted"), [("All", {"valid-0", "valid-1"}), ("Running", {"valid-1"}),
+                                                     ("None", set())])
+    def test_clean_pod_policy_on_failure(self, policy: str, deleted: set[str]) -> None:
+        status = {"phase": "Failed", "completionTime": "2026-11-01T10:09:00Z"}
+        decision = reconcile(job(runPolicy={"cleanPodPolicy": policy}), status,
+                             states(pod(0, "Failed", exit_code=1), pod(1)), NOW)
+        assert set(decision.delete) == deleted
+
+    def test_ttl_deletes_the_finished_job(self) -> None:
+        status = {"phase": "Succeeded", "completionTime": "2026-11-01T10:00:00Z"}
+        assert reconcile(job(runPolicy={"ttlSecondsAfterFinished": 60}), status, [], NOW).delete_job
+        later = reconcile(job(runPolicy={"ttlSecondsAfterFinished": 3600}), status, [], NOW)
+        assert not later.delete_job and later.requeue_after == 3000
+
+
+class TestElastic:
+    def elastic(self, nodes: int) -> TrainingJob:
+        return job(nodes=nodes, elastic={"minNodes": 1, "maxNodes": 4})
+
+    def test_scale_up_adds_pods_to_the_running_attempt(self) -> None:
+        decision = reconcile(self.elastic(3), running(), states(pod(0), pod(1)), NOW)
+        assert decision.create == (2,)
+        assert decision.status["attempt"] == 0
+        assert reasons(decision) == ["Scaled"]
+
+    def test_scale_down_regroups_the_gang_without_counting(self) -> None:
+        pods = states(pod(0), pod(1), pod(2))
+        decision = reconcile(self.elastic(2), running(nodes={"desired": 3}), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["restarts"] == 0
+        assert decision.status["attempt"] == 1
+        assert "scaled from 3 to 2" in decision.status["message"]
+
+
+class TestProgress:
+    def test_progress_and_checkpoint_are_recorded(self) -> None:
+        progress = Progress(step=5, total_steps=10, loss=0.5, samples_per_second=64, checkpoint_step=4,
+                            heartbeat=NOW, resumed_from_step=0)
+        decision = reconcile(job(), running(), states(pod(0), pod(1)), NOW, progress)
+        assert decision.status["progress"]["summary"] == "50% (5/10)"
+        assert decision.status["lastCheckpoint"] == {"step": 4, "time": "2026-11-01T10:10:00Z"}
+        assert decision.events == ()
+
+    def test_restart_at_step_zero_despite_a_checkpoint_is_reported(self) -> None:
+        status = running(attempt=1, lastCheckpoint={"step": 40, "time": "2026-11-01T10:00:00Z"})
+        decision = reconcile(job(), status, states(pod(0, attempt=1), pod(1, attempt=1)), NOW,
+                             Progress(step=1, resumed_from_step=0))
+        assert reasons(decision) == ["CheckpointNotResumed"]
+
+    def test_gpu_seconds_accumulate_across_attempts(self) -> None:
+        gpu_job = job(gpusPerNode=2, procsPerNode=2)
+        status = running(gpuSecondsPriorAttempts=100.0)
+        decision = reconcile(gpu_job, status, states(pod(0), pod(1)), NOW)
+        # two pods for 600 s with 2 GPUs each, on top of 100 s before
+        assert decision.status["gpuSeconds"] == 100.0 + 2 * 600 * 2
+        assert decision.status["gpus"] == 4

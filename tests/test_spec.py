@@ -1,0 +1,144 @@
+"""Defaulting, validation and parsing of TrainingJobs (the pure core, no cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kubetrain.spec import SpecError, parse, validate
+
+from tests.invalid_specs import INVALID, Case, base_job
+
+EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))
+
+
+def test_there_are_at_least_30_invalid_cases() -> None:
+    assert len(INVALID) >= 30
+    assert len({case.id for case in INVALID}) == len(INVALID)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_invalid_spec_is_rejected_naming_the_field(case: Case) -> None:
+    problems = validate(case.job())
+    assert problems, f"{case.id} was accepted"
+    assert case.field in {p.path for p in problems}, problems
+
+
+def test_base_job_is_valid() -> None:
+    assert validate(base_job()) == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    assert validate(yaml.safe_load(path.read_text())) == []
+
+
+def test_defaults_are_applied() -> None:
+    job = parse(base_job())
+    spec = job.spec
+    assert spec.image == "kubetrain/trainer:0.1.0"
+    assert spec.failure_policy.backoff_limit == 3
+    assert spec.failure_policy.stall_timeout_seconds == 600
+    assert spec.run_policy.clean_pod_policy == "Running"
+    assert spec.run_policy.managed_by == "kubetrain.io/operator"
+    assert spec.checkpoint.path == "/checkpoints"
+    assert spec.trainer is not None and spec.trainer["strategy"] == "ddp"
+    assert spec.trainer["optimizer"] == {"name": "adamw", "lr": 0.001, "weightDecay": 0.0, "momentum": 0.9}
+    assert job.namespace == "default"
+
+
+def test_procs_per_node_follows_gpus() -> None:
+    job = base_job()
+    job["spec"]["gpusPerNode"] = 4
+    del job["spec"]["procsPerNode"]
+    spec = parse(job).spec
+    assert (spec.procs_per_node, spec.world_size, spec.gpus) == (4, 8, 8)
+
+
+def test_cpu_job_without_procs_runs_one_process_per_node() -> None:
+    job = base_job()
+    del job["spec"]["procsPerNode"]
+    assert parse(job).spec.world_size == 2
+
+
+def test_elastic_nnodes_is_a_range() -> None:
+    job = base_job()
+    job["spec"]["elastic"] = {"minNodes": 1, "maxNodes": 4}
+    assert parse(job).spec.nnodes == "1:4"
+    assert parse(base_job()).spec.nnodes == "2"
+
+
+def test_trainer_config_omits_volume_claims() -> None:
+    job = base_job()
+    job["spec"]["checkpoint"] = {"claimName": "ckpt"}
+    config = parse(job).spec.trainer_config
+    assert "claimName" not in config["checkpoint"]
+    assert config["checkpoint"]["everySteps"] == 100
+
+
+def test_parse_raises_with_every_problem() -> None:
+    job = base_job()
+    job["spec"]["nodes"] = 0
+    job["spec"]["trainer"]["batchSize"] = 0
+    with pytest.raises(SpecError) as raised:
+        parse(job)
+    assert {p.path for p in raised.value.problems} == {"spec.nodes", "spec.trainer.batchSize"}
+
+
+def test_parsed_job_is_read_only() -> None:
+    spec = parse(base_job()).spec
+    with pytest.raises(TypeError):
+        spec.trainer["task"] = "gpt"  # type: ignore[index]
+
+
+def test_wrong_kind_and_missing_name() -> None:
+    paths = {p.path for p in validate({"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}})}
+    assert {"apiVersion", "kind", "metadata.name"} <= paths
+
+
+def test_messages_say_what_is_allowed() -> None:
+    job = base_job()
+    job["spec"]["nodes"] = 0
+    job["spec"]["trainer"]["strategy"] = "zero"
+    messages = {p.path: p.message for p in validate(job)}
+    assert messages["spec.nodes"] == "must be at least 1 (got 0)"
+    assert messages["spec.trainer.strategy"].startswith("must be one of ddp, fsdp")
+
+
+class TestTransitionRules:
+    """Fields frozen while the job is active (CEL transition rules) — checked on updates only."""
+
+    @staticmethod
+    def _running(job: dict) -> dict:  # type: ignore[type-arg]
+        return {**job, "status": {"phase": "Running"}}
+
+    def test_image_cannot_change_while_running(self) -> None:
+        old = self._running(base_job())
+        new = base_job()
+        new["spec"]["image"] = "other:1"
+        assert "spec.image" in {p.path for p in validate(new, old)}
+
+    def test_image_may_change_while_suspended(self) -> None:
+        old = {**base_job(), "status": {"phase": "Suspended"}}
+        new = base_job()
+        new["spec"]["image"] = "other:1"
+        assert validate(new, old) == []
+
+    def test_fixed_size_job_cannot_scale_while_running(self) -> None:
+        new = base_job()
+        new["spec"]["nodes"] = 3
+        assert "spec.nodes" in {p.path for p in validate(new, self._running(base_job()))}
+
+    def test_elastic_job_scales_while_running(self) -> None:
+        old = base_job()
+        old["spec"]["elastic"] = {"minNodes": 1, "maxNodes": 4}
+        new = base_job()
+        new["spec"]["elastic"] = {"minNodes": 1, "maxNodes": 4}
+        new["spec"]["nodes"] = 3
+        assert validate(new, self._running(old)) == []
+
+    def test_managed_by_is_immutable(self) -> None:
+        new = base_job()
+        new["spec"]["runPolicy"] = {"managedBy": "kueue.x-k8s.io/multikueue"}
+        assert "spec.runPolicy.managedBy" in {p.path for p in validate(new, base_job())}

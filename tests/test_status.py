@@ -1,0 +1,90 @@
+"""Pods to status facts: pod summaries, counts, conditions and progress."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from kubetrain.status import (
+    FailureKind,
+    Progress,
+    count_nodes,
+    format_duration,
+    pod_state,
+    progress_status,
+    set_condition,
+)
+
+from tests.pods import pod, states
+
+NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kind"),
+    [
+        ({"phase": "Running"}, None),
+        ({"phase": "Succeeded", "exit_code": 0}, None),
+        ({"phase": "Failed", "exit_code": 1}, FailureKind.ERROR),
+        ({"phase": "Failed", "exit_code": 137}, FailureKind.ERROR),
+        ({"phase": "Failed", "exit_code": 137, "reason": "OOMKilled"}, FailureKind.OOM),
+        ({"phase": "Failed", "exit_code": 143, "disrupted": True}, FailureKind.DISRUPTION),
+        ({"phase": "Failed", "pod_reason": "Evicted"}, FailureKind.DISRUPTION),
+        ({"phase": "Failed", "exit_code": 1, "pod_reason": "DeletionByTaintManager"}, FailureKind.DISRUPTION),
+    ],
+)
+def test_failure_kind_comes_from_pod_status(kwargs: dict, kind: FailureKind | None) -> None:  # type: ignore[type-arg]
+    assert pod_state(pod(0, **kwargs)).failure_kind == kind
+
+
+def test_pod_state_reads_labels_and_exit() -> None:
+    state = pod_state(pod(1, "Failed", attempt=2, exit_code=3, node="node-1"))
+    assert (state.index, state.attempt, state.exit_code, state.reason, state.node) == (1, 2, 3, "Error", "node-1")
+    assert state.finished and not state.running
+
+
+def test_counts() -> None:
+    pods = states(pod(0), pod(1, "Pending", scheduled=False), pod(2, "Succeeded", exit_code=0),
+                  pod(3, "Failed", exit_code=1), pod(4, deleting="2026-11-01T10:09:00Z"))
+    counts = count_nodes(5, pods)
+    assert (counts.active, counts.ready, counts.succeeded, counts.failed) == (2, 1, 1, 1)
+    assert counts.as_status()["summary"] == "1/5"
+
+
+def test_condition_transition_time_moves_only_on_flip() -> None:
+    earlier = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    conditions = set_condition([], "Running", True, "AllPodsRunning", "ok", earlier, 1)
+    same = set_condition(conditions, "Running", True, "AllPodsRunning", "still ok", NOW, 2)
+    assert same[0]["lastTransitionTime"] == "2026-11-01T09:00:00Z"
+    assert same[0]["message"] == "still ok" and same[0]["observedGeneration"] == 2
+    flipped = set_condition(same, "Running", False, "PodFailed", "no", NOW, 2)
+    assert flipped[0]["lastTransitionTime"] == "2026-11-01T10:10:00Z"
+    assert len(set_condition(flipped, "Stalled", False, "Fine", "", NOW, 2)) == 2
+
+
+def test_progress_with_eta() -> None:
+    progress = Progress(step=250, total_steps=1000, loss=0.123456, samples_per_second=512.0, epoch=2)
+    status = progress_status(progress, None, samples_per_step=128, now=NOW)
+    # 750 steps left at 4 steps/s: 187 s.
+    assert status["eta"] == "3m07s"
+    assert status["percent"] == 25
+    assert status["summary"] == "25% (250/1000)"
+    assert status["lossText"] == "0.1235"
+    assert status["throughputText"] == "512.0"
+
+
+def test_progress_without_total_or_finite_loss() -> None:
+    status = progress_status(Progress(step=7, loss=float("nan")), None, None, NOW)
+    assert status["summary"] == "step 7"
+    assert "loss" not in status and status["lossText"] == "nan"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(5, "5s"), (65, "1m05s"), (3700, "1h01m"), (90000, "1d01h")])
+def test_format_duration(seconds: int, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_final_report_is_read_from_the_termination_message() -> None:
+    state = pod_state(pod(0, "Succeeded", exit_code=0, message='{"step": 300, "loss": 0.05}'))
+    assert state.final_report() == {"step": 300, "loss": 0.05}
+    assert pod_state(pod(0, "Failed", exit_code=1, message="Traceback ...")).final_report() is None
