@@ -53,13 +53,13 @@ def test_counts() -> None:
 
 def test_condition_transition_time_moves_only_on_flip() -> None:
     earlier = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
-    conditions = set_condition([], "Running", True, "AllPodsRunning", "ok", earlier, 1)
-    same = set_condition(conditions, "Running", True, "AllPodsRunning", "still ok", NOW, 2)
+    conditions = set_condition([], "Running", True, "AllPodsRunning", "ok", now=earlier, generation=1)
+    same = set_condition(conditions, "Running", True, "AllPodsRunning", "still ok", now=NOW, generation=2)
     assert same[0]["lastTransitionTime"] == "2026-11-01T09:00:00Z"
     assert same[0]["message"] == "still ok" and same[0]["observedGeneration"] == 2
-    flipped = set_condition(same, "Running", False, "PodFailed", "no", NOW, 2)
+    flipped = set_condition(same, "Running", False, "PodFailed", "no", now=NOW, generation=2)
     assert flipped[0]["lastTransitionTime"] == "2026-11-01T10:10:00Z"
-    assert len(set_condition(flipped, "Stalled", False, "Fine", "", NOW, 2)) == 2
+    assert len(set_condition(flipped, "Stalled", False, "Fine", "", now=NOW, generation=2)) == 2
 
 
 def test_progress_with_eta() -> None:
@@ -88,3 +88,14 @@ def test_final_report_is_read_from_the_termination_message() -> None:
     state = pod_state(pod(0, "Succeeded", exit_code=0, message='{"step": 300, "loss": 0.05}'))
     assert state.final_report() == {"step": 300, "loss": 0.05}
     assert pod_state(pod(0, "Failed", exit_code=1, message="Traceback ...")).final_report() is None
+
+
+def test_merge_patch_sets_changes_and_nulls_removed_keys() -> None:
+    from kubetrain.status import merge_patch
+
+    old = {"phase": "Running", "runningTime": "t", "progress": {"step": 1, "resumedFromStep": 0}, "restarts": 0}
+    new = {"phase": "Restarting", "progress": {"step": 1}, "restarts": 0, "attempt": 1}
+    assert merge_patch(old, new) == {
+        "phase": "Restarting", "runningTime": None, "progress": {"resumedFromStep": None}, "attempt": 1,
+    }
+    assert merge_patch(new, new) == {}

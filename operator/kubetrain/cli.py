@@ -105,5 +105,44 @@ def render_command(file: Path, namespace: str | None, attempt: int) -> None:
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
+@main.command("operator")
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch this namespace (repeatable).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace (cluster-wide RBAC).")
+@click.option("--metrics-port", default=8080, show_default=True, help="Port of the operator's /metrics (0: off).")
+@click.option("--liveness", default="http://0.0.0.0:8081/healthz", show_default=True,
+              help="Liveness endpoint URL (empty: off).")
+@click.option("--progress-interval", default=10.0, show_default=True,
+              help="Seconds between scrapes of a running job's rank-0 metrics.")
+@click.option("--verbose", "-v", is_flag=True, help="Log every handler call.")
+def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int, liveness: str,
+                     progress_interval: float, verbose: bool) -> None:
+    """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
+    if not namespaces and not all_namespaces:
+        raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
+    import kopf
+    from prometheus_client import start_http_server
+
+    from kubetrain import handlers
+
+    handlers.configure(handlers.OperatorConfig(progress_interval=progress_interval))
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
+    if metrics_port:
+        start_http_server(metrics_port)
+    # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.
+    kopf.run(standalone=True, clusterwide=all_namespaces, namespaces=namespaces,
+             liveness_endpoint=liveness or None)
+
+
+@main.command("watch")
+@click.argument("name")
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--timeout", default=86400, show_default=True, help="Give up after this many seconds.")
+def watch_command(name: str, namespace: str, timeout: int) -> None:
+    """Show a live progress bar of a TrainingJob until it finishes (exit 0: Succeeded, 1: Failed)."""
+    from kubetrain.watch import watch_job
+
+    sys.exit(watch_job(namespace, name, timeout))
+
+
 if __name__ == "__main__":
     main()

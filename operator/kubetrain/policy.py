@@ -85,7 +85,8 @@ class _Draft:
 
     def condition(self, kind: ConditionType, value: bool, reason: str, message: str) -> None:
         self.status["conditions"] = set_condition(
-            self.status.get("conditions", []), kind, value, reason, message, self.now, self.job.generation
+            self.status.get("conditions", []), kind, value, reason, message, now=self.now,
+            generation=self.job.generation
         )
 
     def phase(self, phase: Phase, message: str, event: Event | None = None) -> None:

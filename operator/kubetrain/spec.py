@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kubetrain import api
-from kubetrain.schema import Problem, validate_object
+from kubetrain.schema import Problem, apply_defaults, crd_schema, validate_object
 
 __all__ = [
     "CheckpointSpec",
@@ -171,6 +171,7 @@ class TrainingJob:
     generation: int
     labels: Mapping[str, str]
     spec: JobSpec
+    created: str | None = None  # metadata.creationTimestamp, set by the API server
 
 
 def validate(obj: Json, old: Json = None) -> list[Problem]:
@@ -193,11 +194,18 @@ def _checked(obj: Json, old: Json) -> tuple[Json, list[Problem]]:
     return defaulted, problems + schema_problems
 
 
-def parse(obj: Json, old: Json = None) -> TrainingJob:
-    """Default, validate and convert a TrainingJob object; raise SpecError with every problem."""
-    defaulted, problems = _checked(obj, old)
-    if problems:
-        raise SpecError(problems)
+def parse(obj: Json, old: Json = None, *, check: bool = True) -> TrainingJob:
+    """Default, validate and convert a TrainingJob object; raise SpecError with every problem.
+
+    ``check=False`` skips validation for objects the API server has validated already (the
+    operator's hot path); defaults are still applied.
+    """
+    if check:
+        defaulted, problems = _checked(obj, old)
+        if problems:
+            raise SpecError(problems)
+    else:
+        defaulted = apply_defaults(crd_schema(), obj)
     metadata = defaulted["metadata"]
     return TrainingJob(
         name=metadata["name"],
@@ -206,6 +214,7 @@ def parse(obj: Json, old: Json = None) -> TrainingJob:
         generation=int(metadata.get("generation") or 0),
         labels=_frozen(metadata.get("labels") or {}),
         spec=_job_spec(defaulted["spec"]),
+        created=metadata.get("creationTimestamp"),
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "count_nodes",
     "format_duration",
     "isoformat",
+    "merge_patch",
     "parse_time",
     "pod_state",
     "progress_status",
@@ -177,6 +178,7 @@ def set_condition(
     status: bool,
     reason: str,
     message: str,
+    *,
     now: datetime,
     generation: int,
 ) -> list[dict[str, Json]]:
@@ -270,3 +272,19 @@ def progress_status(
     if progress.resumed_from_step is not None:
         result["resumedFromStep"] = progress.resumed_from_step
     return result
+
+
+def merge_patch(old: Mapping[str, Json], new: Mapping[str, Json]) -> dict[str, Json]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``; keys that disappeared become null."""
+    patch: dict[str, Json] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch

@@ -1,0 +1,124 @@
+"""The only module that talks to the Kubernetes API (besides kopf's own watching).
+
+The official client is synchronous; each call runs in a worker thread so that the operator's event
+loop keeps serving other jobs. Objects come back as plain dicts in the API's own camelCase shape
+(``_preload_content=False``), the same shape the pure core's builders produce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from kubetrain import api
+from kubetrain.manifests import job_selector
+
+__all__ = ["ConflictError", "Kube", "load_configuration"]
+
+Json = Any
+
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+class ConflictError(Exception):
+    """The object changed since it was read (resourceVersion mismatch): reconcile again."""
+
+
+def load_configuration(pool_size: int) -> client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=configuration)
+    # One HTTP connection per worker thread, or urllib3 drops connections under load.
+    configuration.connection_pool_maxsize = pool_size
+    return configuration
+
+
+class Kube:
+    """Async facade over the API calls the operator makes; one instance per operator."""
+
+    def __init__(self, configuration: client.Configuration, threads: int = 16) -> None:
+        self._api_client = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api_client)
+        self._custom = client.CustomObjectsApi(self._api_client)
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+
+    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: function(*args, **kwargs))
+
+    async def _json(self, function: Any, *args: Any, **kwargs: Any) -> Json:
+        response = await self._call(function, *args, _preload_content=False, **kwargs)
+        return json.loads(response.data)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._api_client.close()
+
+    async def get_job(self, namespace: str, name: str) -> Json | None:
+        try:
+            return await self._json(self._custom.get_namespaced_custom_object,
+                                    api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+
+    async def list_job_pods(self, namespace: str, job_name: str) -> list[Json]:
+        listing = await self._json(self._core.list_namespaced_pod, namespace, label_selector=job_selector(job_name))
+        items: list[Json] = listing.get("items", [])
+        return items
+
+    async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
+                               resource_version: str) -> None:
+        """Merge-patch the status; fails with ConflictError when the job changed since it was read."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
+        try:
+            await self._call(self._custom.patch_namespaced_custom_object_status,
+                             api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+        except ApiException as error:
+            if error.status == HTTP_CONFLICT:
+                raise ConflictError(f"{namespace}/{name} changed while reconciling") from error
+            raise
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        await self._ignore_missing(self._custom.delete_namespaced_custom_object,
+                                   api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                   propagation_policy="Background")
+
+    async def create(self, namespace: str, body: Mapping[str, Json]) -> bool:
+        """Create a pod or a Service; False when one of that name exists already."""
+        create = (self._core.create_namespaced_pod if body["kind"] == "Pod"
+                  else self._core.create_namespaced_service)
+        try:
+            await self._call(create, namespace, body)
+        except ApiException as error:
+            if error.status == HTTP_CONFLICT:
+                return False
+            raise
+        return True
+
+    async def adopt_pod(self, namespace: str, name: str, owner: Mapping[str, Json]) -> None:
+        """Give an orphaned pod of the job its owner reference back (it was created before a crash)."""
+        patch = {"metadata": {"ownerReferences": [dict(owner)]}}
+        await self._ignore_missing(self._core.patch_namespaced_pod, name, namespace, patch)
+
+    async def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
+        options = client.V1DeleteOptions(grace_period_seconds=0) if force else None
+        await self._ignore_missing(self._core.delete_namespaced_pod, name, namespace, body=options)
+
+    async def _ignore_missing(self, function: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            await self._call(function, *args, **kwargs)
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:  # already gone is what we wanted
+                raise

@@ -1,0 +1,66 @@
+"""`kubetrain watch NAME`: a live progress bar from a TrainingJob's status, for terminal users."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from kubetrain import api
+
+__all__ = ["describe_status", "watch_job"]
+
+Json = Any
+
+
+def describe_status(status: Mapping[str, Json]) -> str:
+    """One line: phase, nodes, loss, throughput, ETA, restarts."""
+    progress = status.get("progress") or {}
+    parts = [str(status.get("phase", "Pending")), f"nodes {(status.get('nodes') or {}).get('summary', '0/0')}"]
+    if "lossText" in progress:
+        parts.append(f"loss {progress['lossText']}")
+    if "throughputText" in progress:
+        parts.append(f"{progress['throughputText']} samples/s")
+    if "eta" in progress:
+        parts.append(f"ETA {progress['eta']}")
+    if status.get("restarts"):
+        parts.append(f"restarts {status['restarts']}")
+    return " | ".join(parts)
+
+
+def _job_events(namespace: str, name: str, timeout: int) -> Iterator[Mapping[str, Json]]:
+    from kubernetes import client, config, watch
+
+    config.load_kube_config()
+    custom = client.CustomObjectsApi()
+    stream = watch.Watch().stream(
+        custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL,
+        field_selector=f"metadata.name={name}", timeout_seconds=timeout,
+    )
+    for event in stream:
+        yield event["object"]
+
+
+def watch_job(namespace: str, name: str, timeout: int = 86400, console: Console | None = None) -> int:
+    """Follow the job until it finishes; 0 when it succeeded, 1 when it failed, 3 on timeout."""
+    console = console or Console()
+    last_phase = None
+    with Progress(TextColumn("[bold]{task.fields[job]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=console) as bar:
+        task: TaskID = bar.add_task("train", total=None, job=name, line="waiting for status")
+        for job in _job_events(namespace, name, timeout):
+            status = job.get("status") or {}
+            progress = status.get("progress") or {}
+            bar.update(task, total=progress.get("totalSteps"), completed=progress.get("step", 0),
+                       line=describe_status(status))
+            phase = status.get("phase")
+            if phase != last_phase:
+                bar.console.log(f"{name}: {phase or 'Pending'}: {status.get('message', '')}")
+                last_phase = phase
+            if phase == api.Phase.SUCCEEDED:
+                return 0
+            if phase == api.Phase.FAILED:
+                return 1
+    return 3
