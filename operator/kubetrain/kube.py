@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain import api
 from kubetrain.manifests import job_selector
 
-__all__ = ["ConflictError", "Kube", "load_configuration"]
+__all__ = ["ConflictError", "Kube", "load_configuration", "stream_job"]
 
 Json = Any
 
@@ -122,3 +122,14 @@ class Kube:
         except ApiException as error:
             if error.status != HTTP_NOT_FOUND:  # already gone is what we wanted
                 raise
+
+
+def stream_job(namespace: str, name: str, timeout: int) -> Iterator[Json]:
+    """Each new version of one TrainingJob, from a watch (for the CLI's `watch`; synchronous)."""
+    custom = client.CustomObjectsApi(client.ApiClient(load_configuration(pool_size=1)))
+    stream = watch.Watch().stream(
+        custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL,
+        field_selector=f"metadata.name={name}", timeout_seconds=timeout,
+    )
+    for event in stream:
+        yield event["object"]

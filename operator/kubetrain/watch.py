@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -30,27 +30,16 @@ def describe_status(status: Mapping[str, Json]) -> str:
     return " | ".join(parts)
 
 
-def _job_events(namespace: str, name: str, timeout: int) -> Iterator[Mapping[str, Json]]:
-    from kubernetes import client, config, watch
-
-    config.load_kube_config()
-    custom = client.CustomObjectsApi()
-    stream = watch.Watch().stream(
-        custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL,
-        field_selector=f"metadata.name={name}", timeout_seconds=timeout,
-    )
-    for event in stream:
-        yield event["object"]
-
-
 def watch_job(namespace: str, name: str, timeout: int = 86400, console: Console | None = None) -> int:
     """Follow the job until it finishes; 0 when it succeeded, 1 when it failed, 3 on timeout."""
+    from kubetrain.kube import stream_job
+
     console = console or Console()
     last_phase = None
     with Progress(TextColumn("[bold]{task.fields[job]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=console) as bar:
         task: TaskID = bar.add_task("train", total=None, job=name, line="waiting for status")
-        for job in _job_events(namespace, name, timeout):
+        for job in stream_job(namespace, name, timeout):
             status = job.get("status") or {}
             progress = status.get("progress") or {}
             bar.update(task, total=progress.get("totalSteps"), completed=progress.get("step", 0),
