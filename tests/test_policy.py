@@ -132,6 +132,14 @@ class TestFailures:
         assert "spec.resources.memory" in decision.status["message"]
         assert decision.delete == ("valid-0",)
 
+    def test_trainer_config_error_fails_without_retrying(self) -> None:
+        report = '{"reason": "ConfigError", "exitCode": 2, "message": "trainer.options.layers: not a number"}'
+        pods = states(pod(0, "Failed", exit_code=1, message=report), pod(1))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "InvalidTrainerConfig"
+        assert "trainer.options.layers" in decision.status["message"]
+
     def test_oom_restarts_when_the_policy_says_so(self) -> None:
         pods = states(pod(0), pod(1, "Failed", exit_code=137, reason="OOMKilled"))
         decision = reconcile(job(failurePolicy={"restartOnOOM": True}), running(), pods, NOW)
@@ -161,6 +169,14 @@ class TestFailures:
         assert decision.status["phase"] == "Restarting"
         assert decision.status["disruptions"] == 1
         assert decision.delete == ("valid-0",)
+
+    def test_pod_deleted_by_the_cluster_is_a_disruption(self) -> None:
+        pods = states(pod(0, deleting="2026-11-01T10:09:55Z", node="node-1"), pod(1))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["disruptions"] == 1 and decision.status["restarts"] == 0
+        assert decision.delete == ("valid-1",)
+        assert decision.status["failures"][0]["node"] == "node-1"
 
     def test_failures_list_is_bounded(self) -> None:
         history = [{"attempt": i, "reason": "Error"} for i in range(20)]

@@ -146,6 +146,7 @@ class Reason(StrEnum):
     ALL_SUCCEEDED = "AllPodsSucceeded"
     POD_FAILED = "PodFailed"
     OOM_KILLED = "OOMKilled"
+    INVALID_CONFIG = "InvalidTrainerConfig"
     DISRUPTED = "Disrupted"
     BACKOFF_LIMIT = "BackoffLimitExceeded"
     DEADLINE = "DeadlineExceeded"

@@ -105,6 +105,29 @@ def render_command(file: Path, namespace: str | None, attempt: int) -> None:
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
+@main.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--workdir", default=Path(".kubetrain"), show_default=True, type=click.Path(path_type=Path),
+              help="Where checkpoints and logs go (one folder per job; a second run resumes).")
+def run_command(file: Path, workdir: Path) -> None:
+    """Run the TrainingJob in FILE on this machine: one torchrun agent per node, real c10d rendezvous."""
+    job = load_job(file)
+    if job.spec.gpus_per_node:
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible < job.spec.gpus_per_node * job.spec.nodes:
+            raise click.ClickException(
+                f"{file}: spec.gpusPerNode: {job.spec.nodes} node(s) x {job.spec.gpus_per_node} GPUs requested, "
+                f"this machine has {visible}; set gpusPerNode: 0 and procsPerNode: N to run on CPU"
+            )
+    from rich.console import Console
+
+    from kubetrain.local import run_local
+
+    sys.exit(run_local(job, workdir, Console()))
+
+
 @main.command("operator")
 @click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch this namespace (repeatable).")
 @click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace (cluster-wide RBAC).")

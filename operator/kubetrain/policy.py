@@ -192,6 +192,8 @@ def _finish(draft: _Draft, pods: Sequence[PodState], succeeded: bool, reason: st
     draft.condition(kind, True, reason, message)
     draft.condition(ConditionType.RUNNING, False, reason, message)
     draft.condition(ConditionType.RESTARTING, False, reason, message)
+    if any(c.get("type") == ConditionType.STALLED for c in draft.status.get("conditions", [])):
+        draft.condition(ConditionType.STALLED, False, reason, "the job has finished")
     draft.status["completionTime"] = isoformat(draft.now)
     if succeeded:
         _final_progress(draft, pods)
@@ -330,7 +332,14 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
     first = failed[0]
     kind = first.failure_kind
     message = _describe(first)
-    if kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
+    report = first.final_report() or {}
+    if report.get("reason") == "ConfigError":
+        # The trainer rejected its configuration: every retry would fail the same way.
+        _record_failures(draft, failed, Reason.INVALID_CONFIG, message, counted=True)
+        _finish(draft, current, False, Reason.INVALID_CONFIG,
+                f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
+        draft.remove([p for p in current if not p.finished])
+    elif kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
         _record_failures(draft, failed, Reason.OOM_KILLED, message, counted=True)
         _finish(draft, current, False, Reason.OOM_KILLED,
                 f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
@@ -368,6 +377,14 @@ def _handle_lost_or_extra(draft: _Draft, current: Sequence[PodState]) -> bool:
     if was_complete and lost:
         _restart(draft, current, Reason.DISRUPTED,
                  f"pod(s) {', '.join(str(i) for i in lost)} disappeared", counted=False)
+        return True
+    # The operator deletes pods only after moving to the next attempt: a pod of this attempt that is
+    # being deleted was evicted, preempted or removed with its node (the taint manager) by someone else.
+    evicted = [p for p in current if p.deleting and not p.finished]
+    if evicted:
+        _restart(draft, current, Reason.DISRUPTED,
+                 f"pod {evicted[0].name} is being deleted by the cluster (eviction, preemption or node loss)",
+                 counted=False, failed=evicted)
         return True
     extra = [p for p in current if p.index >= spec.nodes and not p.finished]
     if extra:

@@ -1,0 +1,151 @@
+"""`kubetrain run job.yaml`: the same TrainingJob on this machine, without a cluster.
+
+Each of the job's nodes becomes one local torchrun agent; the agents meet through a real c10d
+rendezvous on 127.0.0.1, exactly as the pods do through ``<job>-0.<job>``. The image is not pulled:
+the trainer of the current Python environment runs. Checkpoints and logs go under ``--workdir``,
+so running the same file again resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kubetrain import api
+from kubetrain.progress import parse_progress
+from kubetrain.spec import TrainingJob, thaw
+from kubetrain.status import Progress as TrainingProgress
+
+__all__ = ["LocalRun", "plan_local_run", "run_local"]
+
+# Seconds the agents get to write a checkpoint after Ctrl-C, as a pod gets after SIGTERM.
+GRACE_SECONDS = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """The commands and environments of one local run (pure data, for tests and --dry-run)."""
+
+    commands: tuple[tuple[str, ...], ...]
+    environments: tuple[Mapping[str, str], ...]
+    checkpoint_dir: Path
+    log_dir: Path
+    metrics_port: int
+
+
+def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metrics_port: int) -> LocalRun:
+    """One torchrun agent per node of the job, all on this machine."""
+    spec = job.spec
+    run_dir = workdir / job.name
+    checkpoint_dir, log_dir = run_dir / "checkpoints", run_dir / "logs"
+    program = (["-m", "kubetrain_trainer"] if spec.command is None
+               else ["--no-python", *spec.command, *spec.args])
+    command = (
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.procs_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rendezvous_port}", f"--rdzv-id=local-{job.name}",
+        f"--max-restarts={spec.failure_policy.max_restarts}", *program,
+    )
+    environments = []
+    for index in range(spec.nodes):
+        env = {
+            api.ENV.CONFIG: json.dumps(thaw(spec.trainer_config)),
+            api.ENV.JOB_NAME: job.name,
+            api.ENV.NAMESPACE: "local",
+            api.ENV.POD_NAME: f"{job.name}-{index}",
+            api.ENV.NODE_INDEX: str(index),
+            api.ENV.ATTEMPT: "0",
+            api.ENV.CHECKPOINT_DIR: str(checkpoint_dir),
+            api.ENV.DATA_DIR: str(run_dir / "data"),
+            # Each agent's ranks get their own ports: base + node * procs + local rank.
+            api.ENV.METRICS_PORT: str(metrics_port + index * spec.procs_per_node),
+            "KUBETRAIN_TERMINATION_LOG": str(log_dir / f"node-{index}.termination"),
+        }
+        env |= {e["name"]: e["value"] for e in spec.env if "value" in e}
+        environments.append(env)
+    return LocalRun(tuple(command for _ in range(spec.nodes)), tuple(environments), checkpoint_dir, log_dir,
+                    metrics_port)
+
+
+def _scrape(port: int) -> TrainingProgress | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            return parse_progress(response.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None  # not serving yet, or finished
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
+    """Run the job here with a live progress bar; return the first non-zero exit code, or 0."""
+    plan = plan_local_run(job, workdir, _free_port(), _free_port())
+    plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    spec = job.spec
+    console.print(f"[bold]{job.name}[/]: {spec.nodes} node(s) x {spec.procs_per_node} process(es) on this machine; "
+                  f"checkpoints in {plan.checkpoint_dir}, logs in {plan.log_dir}")
+    processes: list[subprocess.Popen[bytes]] = []
+    for index, (command, env) in enumerate(zip(plan.commands, plan.environments, strict=True)):
+        log = (plan.log_dir / f"node-{index}.log").open("wb")
+        processes.append(subprocess.Popen(command, env=os.environ | dict(env), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        log.close()  # the child holds its own descriptor
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    last: TrainingProgress | None = None
+    try:
+        with Progress(*columns, console=console) as bar:
+            task = bar.add_task(job.name, total=spec.total_steps, detail="starting")
+            while any(p.poll() is None for p in processes):
+                time.sleep(1.0)
+                last = _scrape(plan.metrics_port) or last
+                if last is not None:
+                    detail = f"loss {last.loss:.4g}" if last.loss is not None else ""
+                    if last.samples_per_second:
+                        detail += f" | {last.samples_per_second:.0f} samples/s"
+                    bar.update(task, completed=last.step, total=last.total_steps or spec.total_steps, detail=detail)
+    except KeyboardInterrupt:
+        console.print("stopping: the trainer writes a checkpoint first (run again to resume)")
+    finally:
+        _stop(processes)
+    codes = [p.returncode for p in processes]
+    failed = next((code for code in codes if code != 0), 0)
+    final = plan.log_dir / "node-0.termination"
+    report = final.read_text().strip() if final.exists() else ""
+    if failed:
+        console.print(f"[red]failed[/] (exit codes {codes}); see {plan.log_dir}" + (f": {report}" if report else ""))
+    else:
+        console.print(f"[green]succeeded[/]: {report or 'done'}")
+    return failed

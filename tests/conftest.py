@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.lab.fixtures", "tests.operator_fixtures"]

@@ -1,0 +1,222 @@
+"""Pytest plugin: the CRD installed in the lab and the operator running with the chart's identity.
+
+The operator runs as a local process (no image can run here) authenticated with a token of the
+ServiceAccount that the chart creates, bound by the RBAC that the chart renders: so every operator
+test also proves that the chart's permissions are sufficient.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.lab.build import ensure_binary
+from tests.lab.lab import Lab
+from tests.lab.procs import wait_for
+from tests.lab.rest import ApiError
+
+ROOT = Path(__file__).resolve().parent.parent
+CRD = ROOT / "crds" / "trainingjobs.kubetrain.io.yaml"
+CHART = ROOT / "charts" / "kubetrain"
+OPERATOR_NAMESPACE = "kubetrain-system"
+Json = Any
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def render_chart(*args: str) -> list[Json]:
+    """`helm template` of the chart, as objects."""
+    argv = [str(ensure_binary("helm")), "template", "kubetrain", str(CHART), "--namespace", OPERATOR_NAMESPACE,
+            "--kube-version", "v1.37.2", *args]
+    rendered = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+class OperatorProcess:
+    """`kubetrain operator` as a child process, restartable, with its log in a file."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, args: tuple[str, ...]) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.args = args
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "kubetrain.cli", "operator", *self.args,
+                f"--metrics-port={self.metrics_port}",
+                f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz", "--progress-interval=2"]
+        env = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        wait_for(self.alive, 60, "the operator's liveness endpoint", interval=0.2)
+
+    def alive(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the operator exited with {self.process.returncode}; see {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            text: str = answer.read().decode()
+            return text
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signum)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def crd(lab: Lab) -> Path:
+    lab.kubectl("apply", "--server-side", "-f", str(CRD))
+    lab.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+    return CRD
+
+
+def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:
+    """Apply the chart's ServiceAccount and RBAC; return the account's name and a token kubeconfig."""
+    try:
+        lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": OPERATOR_NAMESPACE}})
+    except ApiError as error:
+        if error.status != 409:
+            raise
+    objects = [o for o in render_chart(*helm_args)
+               if o["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    account = next(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount")
+    lab.wait_service_account(OPERATOR_NAMESPACE, account)
+    return account, lab.token_kubeconfig(OPERATOR_NAMESPACE, account)
+
+
+@pytest.fixture(scope="session")
+def operator(lab: Lab, crd: Path) -> Iterator[OperatorProcess]:
+    """The operator watching all namespaces, with the chart's cluster-wide identity."""
+    _, kubeconfig = install_identity(lab)
+    process = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--all-namespaces",))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+class Jobs:
+    """TrainingJobs of one test namespace: create, read, patch and wait."""
+
+    def __init__(self, lab: Lab, namespace: str) -> None:
+        self.lab = lab
+        self.namespace = namespace
+        self.base = f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs"
+
+    def create(self, name: str, spec: Json) -> Json:
+        body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+                "spec": spec}
+        created: Json = self.lab.api.post(self.base, body)
+        return created
+
+    def get(self, name: str) -> Json:
+        job: Json = self.lab.api.get(f"{self.base}/{name}")
+        return job
+
+    def status(self, name: str) -> Json:
+        return self.get(name).get("status") or {}
+
+    def patch_spec(self, name: str, spec: Json) -> None:
+        self.lab.api.merge_patch(f"{self.base}/{name}", {"spec": spec})
+
+    def pods(self, name: str) -> list[Json]:
+        pods: list[Json] = self.lab.api.get(f"/api/v1/namespaces/{self.namespace}/pods",
+                                            labelSelector=f"kubetrain.io/job-name={name}")["items"]
+        return pods
+
+    def wait(self, name: str, predicate: Callable[[Json], bool], what: str, timeout: float = 120) -> Json:
+        """Poll the status until ``predicate(status)``; the last status is in the error otherwise."""
+        seen: list[Json] = [{}]
+
+        def check() -> bool:
+            seen[0] = self.status(name)
+            return predicate(seen[0])
+        try:
+            wait_for(check, timeout, f"{name}: {what}", interval=0.25)
+        except TimeoutError as error:
+            raise AssertionError(f"{name}: {what}; last status: {json.dumps(seen[0], indent=1)}") from error
+        return seen[0]
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 120) -> Json:
+        return self.wait(name, lambda s: s.get("phase") == phase, f"phase {phase}", timeout)
+
+    def events(self, name: str) -> list[Json]:
+        events: list[Json] = self.lab.api.get(f"/api/v1/namespaces/{self.namespace}/events",
+                                              fieldSelector=f"involvedObject.name={name}")["items"]
+        return events
+
+
+@pytest.fixture
+def jobs(lab: Lab, namespace: str) -> Jobs:
+    return Jobs(lab, namespace)
+
+
+def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
+    """Start recording the distinct phases a job goes through (polled in a thread)."""
+    import threading
+
+    phases: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                phase = jobs.status(name).get("phase")
+            except ApiError:
+                phase = None
+            if phase and (not phases or phases[-1] != phase):
+                phases.append(phase)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+
+    def finish() -> list[str]:
+        stop.set()
+        thread.join(timeout=5)
+        return phases
+    return finish

@@ -1,0 +1,90 @@
+"""The CRD on the lab's real API server: it installs, and it agrees with `kubetrain validate`.
+
+One source of truth for the rules: each invalid spec of tests/invalid_specs.py must be rejected by
+the server naming the same field as the local validator, and the valid ones accepted by both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubetrain.spec import validate
+from tests.invalid_specs import INVALID, Case, base_job
+from tests.lab.lab import Lab
+from tests.lab.rest import ApiError
+
+pytestmark = pytest.mark.lab
+Json = Any
+EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))
+
+
+def server_problems(lab: Lab, namespace: str, job: Json) -> set[str]:
+    """Field paths the API server names when it rejects ``job`` (empty when it accepts it)."""
+    path = f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs"
+    try:
+        lab.api.request("POST", path, job, params={"dryRun": "All", "fieldValidation": "Strict"})
+    except ApiError as error:
+        status = json.loads(error.body)
+        fields = {cause.get("field", "") for cause in status.get("details", {}).get("causes", [])}
+        fields |= set(re.findall(r'unknown field "([^"]+)"', status.get("message", "")))
+        return {f for f in fields if f} or {"<unparsed>: " + status.get("message", "")}
+    return set()
+
+
+@pytest.mark.usefixtures("crd")
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_server_rejects_what_the_cli_rejects_naming_the_same_field(lab: Lab, namespace: str, case: Case) -> None:
+    job = case.job()
+    local = {p.path for p in validate(job)}
+    remote = server_problems(lab, namespace, job)
+    assert case.field in remote, f"server said {remote}"
+    assert case.field in local, f"CLI said {local}"
+
+
+@pytest.mark.usefixtures("crd")
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_server_and_cli_accept_the_examples(lab: Lab, namespace: str, path: Path) -> None:
+    job = yaml.safe_load(path.read_text())
+    assert server_problems(lab, namespace, job) == set()
+    assert validate(job) == []
+
+
+@pytest.mark.usefixtures("crd")
+def test_server_applies_the_same_defaults(lab: Lab, namespace: str) -> None:
+    from kubetrain.schema import apply_defaults, crd_schema
+
+    created = lab.api.post(f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs", base_job())
+    assert created["spec"] == apply_defaults(crd_schema(), base_job())["spec"]
+
+
+@pytest.mark.usefixtures("crd")
+def test_transition_rules_agree_on_the_server(lab: Lab, namespace: str) -> None:
+    path = f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs/valid"
+    lab.api.post(f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs", base_job())
+    lab.api.merge_patch(path + "/status", {"status": {"phase": "Running"}})
+    old = lab.api.get(path)
+    new = json.loads(json.dumps(old))
+    new["spec"]["image"] = "other:2"
+    with pytest.raises(ApiError) as rejected:
+        lab.api.put(path, new)
+    assert "spec.image" in rejected.value.body
+    assert "spec.image" in {p.path for p in validate(new, old)}
+    new["spec"]["image"] = old["spec"]["image"]
+    new["spec"]["failurePolicy"]["backoffLimit"] = 7  # not frozen: accepted by both
+    assert validate(new, old) == []
+    lab.api.put(path, new)
+
+
+def test_printer_columns_and_short_name(lab: Lab, crd: Path) -> None:
+    document = yaml.safe_load(crd.read_text())
+    columns = {c["name"] for c in document["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert {"Phase", "Nodes", "GPUs", "Progress", "Loss", "Restarts", "Age"} <= columns
+    assert all("conditions" not in c["jsonPath"] for c in document["spec"]["versions"][0]["additionalPrinterColumns"])
+    resources = lab.kubectl("api-resources", "--api-group=kubetrain.io").stdout
+    assert "tj" in resources and "TrainingJob" in resources

@@ -1,0 +1,202 @@
+"""The operator on the lab's real API server: lifecycle, every failure path, run policy, crash safety.
+
+Pods run real torchrun (with --no-python and a small Python program), so each test proves the pod
+contract too. The operator authenticates with the chart's ServiceAccount (see operator_fixtures).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.lab.lab import Lab
+from tests.lab.procs import wait_for
+from tests.operator_fixtures import Jobs, OperatorProcess, phase_recorder
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]
+Json = Any
+
+# Succeeds from attempt 1 on; attempt 0 waits to be killed, evicted, suspended or declared stalled.
+SECOND_ATTEMPT_SUCCEEDS = (
+    "import os, time\n"
+    "if os.environ['KUBETRAIN_ATTEMPT'] == '0':\n"
+    "    time.sleep(600)\n"
+)
+
+
+def spec(code: str, nodes: int = 1, **extra: Json) -> Json:
+    """A job whose pods run ``python -c code`` under torchrun."""
+    return {
+        "nodes": nodes,
+        "procsPerNode": 1,
+        "resources": {"cpu": "100m", "memory": "512Mi", "sharedMemory": "64Mi"},
+        "command": ["python", "-c", code],
+        "runPolicy": {"terminationGracePeriodSeconds": 5, **extra.pop("runPolicy", {})},
+        **extra,
+    }
+
+
+def condition(status: Json, kind: str) -> Json:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def running_pod(jobs: Jobs, name: str, index: int = 0) -> Json:
+    def found() -> bool:
+        return any(p["metadata"]["name"] == f"{name}-{index}" and p.get("status", {}).get("phase") == "Running"
+                   for p in jobs.pods(name))
+    wait_for(found, 120, f"pod {name}-{index} running", interval=0.25)
+    return next(p for p in jobs.pods(name) if p["metadata"]["name"] == f"{name}-{index}")
+
+
+def test_job_goes_pending_running_succeeded(lab: Lab, jobs: Jobs) -> None:
+    record = phase_recorder(jobs, "hello")
+    jobs.create("hello", spec("import time; time.sleep(4); print('trained')", nodes=2))
+    waited = lab.kubectl("wait", "-n", jobs.namespace, "--for=condition=Succeeded", "tj/hello", "--timeout=180s",
+                         check=False, timeout=200)
+    phases = record()
+    assert waited.returncode == 0, waited.stderr
+    assert phases[0] == "Pending" and phases[-1] == "Succeeded"
+    assert "Running" in phases
+    status = jobs.status("hello")
+    assert status["nodes"]["succeeded"] == 2
+    assert status["restarts"] == 0 and status["completionTime"]
+    table = lab.kubectl("get", "tj", "-n", jobs.namespace).stdout
+    assert "hello" in table and "Succeeded" in table and "0/2" in table
+    pods = jobs.pods("hello")
+    assert {p["metadata"]["name"] for p in pods} == {"hello-0", "hello-1"}
+    assert all(p["metadata"]["ownerReferences"][0]["name"] == "hello" for p in pods)
+    assert "trained" in lab.pod_log(jobs.namespace, "hello-1").read_text()
+    reasons = {e["reason"] for e in jobs.events("hello")}
+    assert {"PodsCreated", "AllPodsRunning", "AllPodsSucceeded"} <= reasons
+
+
+def test_failing_job_restarts_then_fails_with_a_post_mortem(jobs: Jobs) -> None:
+    jobs.create("broken", spec("import sys; sys.exit(3)", failurePolicy={"backoffLimit": 1}))
+    status = jobs.wait_phase("broken", "Failed", timeout=180)
+    assert status["restarts"] == 1
+    assert condition(status, "Failed")["reason"] == "BackoffLimitExceeded"
+    failures = status["failures"]
+    assert [f["attempt"] for f in failures] == [0, 1]
+    assert all(f["pod"] == "broken-0" and f["exitCode"] != 0 and f["node"] for f in failures)
+    assert "backoffLimit=1" in status["message"]
+
+
+def test_sigkilled_pod_restarts_the_gang_and_the_job_recovers(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("killed", spec(SECOND_ATTEMPT_SUCCEEDS, nodes=2))
+    jobs.wait_phase("killed", "Running")
+    lab.kill_pod(jobs.namespace, "killed-1", signal.SIGKILL)
+    status = jobs.wait_phase("killed", "Succeeded", timeout=180)
+    assert status["restarts"] == 1 and status["attempt"] == 1
+    (failure,) = [f for f in status["failures"] if f.get("pod") == "killed-1"]
+    assert failure["counted"] is True
+
+
+def test_oom_killed_pod_fails_the_job(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("hungry", spec("import time; time.sleep(600)"))
+    jobs.wait_phase("hungry", "Running")
+    lab.oom_kill_pod(jobs.namespace, "hungry-0")
+    status = jobs.wait_phase("hungry", "Failed")
+    assert condition(status, "Failed")["reason"] == "OOMKilled"
+    assert status["failures"][-1]["reason"] == "OOMKilled"
+    assert status["restarts"] == 0
+
+
+def test_evicted_pod_restarts_without_counting(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("evicted", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"backoffLimit": 0}))
+    jobs.wait_phase("evicted", "Running")
+    lab.api.post(f"/api/v1/namespaces/{jobs.namespace}/pods/evicted-0/eviction",
+                 {"apiVersion": "policy/v1", "kind": "Eviction",
+                  "metadata": {"name": "evicted-0", "namespace": jobs.namespace}})
+    status = jobs.wait_phase("evicted", "Succeeded", timeout=180)
+    assert status["restarts"] == 0 and status["disruptions"] == 1
+    assert status["failures"][0]["counted"] is False
+
+
+def test_node_loss_restarts_the_gang_on_a_healthy_node(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("nodeloss", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"nodeLostTimeoutSeconds": 2}))
+    node = running_pod(jobs, "nodeloss")["spec"]["nodeName"]
+    lab.stop_node_heartbeats(node)
+    try:
+        status = jobs.wait(
+            "nodeloss", lambda s: s.get("attempt", 0) >= 1, "a new attempt after the node was lost", timeout=150)
+        assert status.get("disruptions", 0) == 1 and status["restarts"] == 0
+        assert status["failures"][0]["node"] == node
+    finally:
+        lab.resume_node_heartbeats(node)
+    jobs.wait_phase("nodeloss", "Succeeded", timeout=180)
+
+
+def test_deadline_fails_the_job_and_stops_its_pods(jobs: Jobs) -> None:
+    jobs.create("slow", spec("import time; time.sleep(600)", runPolicy={"activeDeadlineSeconds": 8}))
+    status = jobs.wait_phase("slow", "Failed", timeout=120)
+    assert condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: not jobs.pods("slow"), 60, "the pods to be deleted", interval=0.5)
+
+
+def test_finished_job_is_deleted_after_its_ttl(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("shortlived", spec("print('done')", runPolicy={"ttlSecondsAfterFinished": 2}))
+    jobs.wait_phase("shortlived", "Succeeded")
+
+    def deleted() -> bool:
+        return "shortlived" not in lab.kubectl("get", "tj", "-n", jobs.namespace, "-o", "name").stdout
+    wait_for(deleted, 60, "the job to be deleted by its TTL", interval=0.5)
+
+
+def test_suspend_deletes_pods_and_resume_continues(jobs: Jobs) -> None:
+    jobs.create("pausable", spec(SECOND_ATTEMPT_SUCCEEDS, nodes=2))
+    jobs.wait_phase("pausable", "Running")
+    jobs.patch_spec("pausable", {"runPolicy": {"suspend": True}})
+    status = jobs.wait_phase("pausable", "Suspended")
+    jobs.patch_spec("pausable", {"nodes": 1})  # a fixed-size job may be resized while suspended
+    assert condition(status, "Suspended")["status"] == "True"
+    wait_for(lambda: not jobs.pods("pausable"), 60, "the pods to be deleted", interval=0.5)
+    jobs.patch_spec("pausable", {"runPolicy": {"suspend": False}})
+    status = jobs.wait_phase("pausable", "Succeeded", timeout=180)
+    assert status["restarts"] == 0 and status["attempt"] == 1
+    assert status["nodes"]["desired"] == 1
+
+
+def test_stalled_job_is_restarted(jobs: Jobs) -> None:
+    jobs.create("stuck", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"stallTimeoutSeconds": 5}))
+    status = jobs.wait_phase("stuck", "Succeeded", timeout=180)
+    assert status["restarts"] == 1
+    assert status["failures"][0]["reason"] == "NoHeartbeat"
+    assert condition(status, "Stalled")["status"] == "False"  # the new attempt is healthy again
+
+
+def test_job_managed_by_another_controller_is_left_alone(jobs: Jobs) -> None:
+    jobs.create("foreign", spec("print(1)", runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"}))
+    hello = jobs.create("control", spec("print(1)"))
+    assert hello["metadata"]["name"] == "control"
+    jobs.wait_phase("control", "Succeeded")
+    assert jobs.status("foreign") == {} and jobs.pods("foreign") == []
+
+
+def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(
+    lab: Lab, jobs: Jobs, operator: OperatorProcess,
+) -> None:
+    names = [f"burst-{i:02d}" for i in range(50)]
+    for number, name in enumerate(names):
+        jobs.create(name, spec("print('ok')"))
+        if number == 20:
+            operator.kill(signal.SIGKILL)
+    operator.start()
+    seen_uids: dict[str, set[str]] = {name: set() for name in names}
+
+    def all_done() -> bool:
+        for pod in lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods")["items"]:
+            seen_uids[pod["metadata"]["labels"]["kubetrain.io/job-name"]].add(pod["metadata"]["uid"])
+        listing = lab.api.get(f"/apis/kubetrain.io/v1alpha1/namespaces/{jobs.namespace}/trainingjobs")["items"]
+        return sum(1 for j in listing if (j.get("status") or {}).get("phase") == "Succeeded") == len(names)
+    wait_for(all_done, 420, "all 50 jobs to succeed", interval=1.0)
+    pods = lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods")["items"]
+    per_job = Counter(p["metadata"]["labels"]["kubetrain.io/job-name"] for p in pods)
+    assert per_job == Counter(dict.fromkeys(names, 1))
+    # Each job had exactly one pod over its whole life: no second pod was created and deleted.
+    assert all(len(uids) == 1 for uids in seen_uids.values()), seen_uids
+    statuses = [jobs.status(name) for name in names]
+    assert all(s["restarts"] == 0 and s["attempt"] == 0 for s in statuses)
+    assert "kubetrain_pod_creations_total" in operator.metrics()
