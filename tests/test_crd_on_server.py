@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,12 +17,24 @@ import yaml
 
 from kubetrain.spec import validate
 from tests.invalid_specs import INVALID, Case, base_job
+from tests.lab.fixtures import delete_namespace
 from tests.lab.lab import Lab
 from tests.lab.rest import ApiError
 
 pytestmark = pytest.mark.lab
 Json = Any
 EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def shared_namespace(lab: Lab) -> Iterator[str]:
+    """One namespace for the dry-run cases: a dry run creates nothing, so they need no isolation."""
+    name = "crd-agreement"
+    lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        delete_namespace(lab, name)
 
 
 def server_problems(lab: Lab, namespace: str, job: Json) -> set[str]:
@@ -39,19 +52,20 @@ def server_problems(lab: Lab, namespace: str, job: Json) -> set[str]:
 
 @pytest.mark.usefixtures("crd")
 @pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
-def test_server_rejects_what_the_cli_rejects_naming_the_same_field(lab: Lab, namespace: str, case: Case) -> None:
+def test_server_rejects_what_the_cli_rejects_naming_the_same_field(lab: Lab, shared_namespace: str,
+                                                                   case: Case) -> None:
     job = case.job()
     local = {p.path for p in validate(job)}
-    remote = server_problems(lab, namespace, job)
+    remote = server_problems(lab, shared_namespace, job)
     assert case.field in remote, f"server said {remote}"
     assert case.field in local, f"CLI said {local}"
 
 
 @pytest.mark.usefixtures("crd")
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_server_and_cli_accept_the_examples(lab: Lab, namespace: str, path: Path) -> None:
+def test_server_and_cli_accept_the_examples(lab: Lab, shared_namespace: str, path: Path) -> None:
     job = yaml.safe_load(path.read_text())
-    assert server_problems(lab, namespace, job) == set()
+    assert server_problems(lab, shared_namespace, job) == set()
     assert validate(job) == []
 
 
