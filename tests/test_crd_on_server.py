@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from kubetrain.policy import Decision, reconcile
 from kubetrain.spec import TrainingJob, parse
 from kubetrain.status import Progress
-
 from tests.invalid_specs import base_job
 from tests.pods import pod, states
 

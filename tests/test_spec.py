@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubetrain.spec import SpecError, parse, validate
 
+from kubetrain.spec import SpecError, parse, validate
 from tests.invalid_specs import INVALID, Case, base_job
 
 EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))

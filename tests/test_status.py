@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+
 from kubetrain.status import (
     FailureKind,
     Progress,
@@ -14,7 +15,6 @@ from kubetrain.status import (
     progress_status,
     set_condition,
 )
-
 from tests.pods import pod, states
 
 NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)

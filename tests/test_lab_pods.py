@@ -1,0 +1,123 @@
+"""The lab's process kubelet plays a faithful kubelet: phases, exit codes, signals, deletion, GC."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.lab.fixtures import pod_log_text
+from tests.lab.lab import Lab
+from tests.lab.pods import get_pod, pod_manifest, terminated_state, wait_pod, wait_pod_gone
+
+pytestmark = pytest.mark.lab
+
+
+def _create(lab: Lab, namespace: str, manifest: dict[str, object]) -> None:
+    lab.api.post(f"/api/v1/namespaces/{namespace}/pods", manifest)
+
+
+def test_pod_runs_then_succeeds(lab: Lab, namespace: str) -> None:
+    script = ("import os, time; time.sleep(1.5); "
+              "print('hello from', os.environ['POD_NAME'], os.environ['POD_IP'])")
+    manifest = pod_manifest("hello", ["python"], ["-c", script])
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    _create(lab, namespace, manifest)
+
+    running = wait_pod(lab.api, namespace, "hello", ("Running",))
+    status = running["status"]
+    assert status["startTime"] and status["podIP"].startswith("10.") and status["hostIP"]
+    assert status["containerStatuses"][0]["state"]["running"]["startedAt"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+    done = wait_pod(lab.api, namespace, "hello", ("Succeeded",))
+    state = terminated_state(done)
+    assert (state["exitCode"], state["reason"]) == (0, "Completed")
+    assert state["startedAt"] and state["finishedAt"]
+    assert f"hello from hello {status['podIP']}" in pod_log_text(lab, namespace, "hello")
+
+
+def test_exit_code_3_fails_the_pod(lab: Lab, namespace: str) -> None:
+    _create(lab, namespace, pod_manifest("three", ["python"], ["-c", "raise SystemExit(3)"]))
+    state = terminated_state(wait_pod(lab.api, namespace, "three", ("Failed",)))
+    assert (state["exitCode"], state["reason"]) == (3, "Error")
+
+
+@pytest.mark.parametrize(("oom", "reason"), [(False, "Error"), (True, "OOMKilled")])
+def test_killed_pod_reports_137(lab: Lab, namespace: str, oom: bool, reason: str) -> None:
+    _create(lab, namespace, pod_manifest("victim", ["python"], ["-c", "import time; time.sleep(600)"]))
+    wait_pod(lab.api, namespace, "victim", ("Running",))
+    if oom:
+        lab.oom_kill_pod(namespace, "victim")
+    else:
+        lab.kill_pod(namespace, "victim", signal.SIGKILL)
+    state = terminated_state(wait_pod(lab.api, namespace, "victim", ("Failed",)))
+    assert (state["exitCode"], state["reason"]) == (137, reason)
+
+
+def test_deleting_a_pod_stops_its_processes(lab: Lab, namespace: str) -> None:
+    # The child ignores SIGTERM, so only the SIGKILL after the grace period stops it.
+    script = ("import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "subprocess.Popen(['sleep', '600']); time.sleep(600)")
+    _create(lab, namespace, pod_manifest("stubborn", ["python"], ["-c", script], grace_s=2))
+    wait_pod(lab.api, namespace, "stubborn", ("Running",))
+    deadline = time.monotonic() + 10
+    while len(pids := lab.pod_processes(namespace, "stubborn")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) >= 2
+
+    started = time.monotonic()
+    lab.api.delete(f"/api/v1/namespaces/{namespace}/pods/stubborn")
+    wait_pod_gone(lab.api, namespace, "stubborn", timeout=30)
+    assert time.monotonic() - started >= 1.5  # the grace period was honoured
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_deleting_the_owner_collects_its_pods(lab: Lab, namespace: str) -> None:
+    owner = lab.api.post(f"/api/v1/namespaces/{namespace}/configmaps",
+                         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}})
+    manifest = pod_manifest("owned", ["python"], ["-c", "import time; time.sleep(600)"], grace_s=1)
+    manifest["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}]
+    _create(lab, namespace, manifest)
+    wait_pod(lab.api, namespace, "owned", ("Running",))
+    pids = lab.pod_processes(namespace, "owned")
+
+    lab.api.delete(f"/api/v1/namespaces/{namespace}/configmaps/owner")
+    wait_pod_gone(lab.api, namespace, "owned", timeout=60)
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert get_pod(lab.api, namespace, "owned") is None
+
+
+def test_volumes_downward_api_and_gpus(lab: Lab, namespace: str) -> None:
+    host_dir = lab.create_volume(namespace, "checkpoints")
+    script = ("import os, socket; open('/checkpoints/owner', 'w').write(os.environ['UID']); "
+              "open('/dev/shm/x', 'w').write('shm'); open('/scratch/x', 'w').write('scratch'); "
+              "print(socket.gethostname(), os.environ['APP'], os.environ['CPUS'], flush=True)")
+    manifest = pod_manifest("volumes", ["python"], ["-c", script], labels={"app": "demo"}, hostname="worker-0")
+    container = manifest["spec"]["containers"][0]
+    container["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    container["env"] = [
+        {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+        {"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+    ]
+    container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"},
+                                 {"name": "ckpt", "mountPath": "/checkpoints"},
+                                 {"name": "scratch", "mountPath": "/scratch"}]
+    manifest["spec"]["volumes"] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    _create(lab, namespace, manifest)
+    pod = wait_pod(lab.api, namespace, "volumes", ("Succeeded", "Failed"))
+    log = pod_log_text(lab, namespace, "volumes")
+    assert pod["status"]["phase"] == "Succeeded", log
+    assert (host_dir / "owner").read_text() == pod["metadata"]["uid"]
+    assert "worker-0 demo 1" in log

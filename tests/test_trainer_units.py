@@ -1,0 +1,274 @@
+"""The trainer's pure parts, in-process and fast: configuration, LR schedule, sharding, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from kubetrain_trainer.checkpoint import Checkpointer, TrainState, list_checkpoints
+from kubetrain_trainer.config import ConfigError, RunEnv, load_config, parse_config
+from kubetrain_trainer.data import (
+    ResumableDistributedSampler,
+    ShardedFileDataset,
+    assign_files,
+    epoch_permutation,
+    rank_positions,
+)
+from kubetrain_trainer.distributed import PreflightError, check_devices, context_from_env
+from kubetrain_trainer.gpu import gpu_collector, peak_flops
+from kubetrain_trainer.loop import plan_total_steps
+from kubetrain_trainer.metrics import Histogram, TrainerMetrics, serve
+from kubetrain_trainer.parallel import lr_at
+from kubetrain_trainer.tasks import TaskContext, build_task
+from tests.trainer_helpers import free_port_base, scrape
+
+# --- configuration -------------------------------------------------------------------------------------
+
+
+def test_an_empty_config_gets_the_operators_defaults() -> None:
+    cfg = parse_config({}, env={})
+    t = cfg.trainer
+    assert (t.task, t.strategy, t.max_steps, t.epochs, t.batch_size, t.precision) == ("digits", "ddp", 100, None,
+                                                                                     32, "bf16")
+    assert (t.optimizer.name, t.optimizer.lr, t.optimizer.momentum, t.grad_clip, t.min_lr_ratio) == (
+        "adamw", 1e-3, 0.9, 1.0, 0.1)
+    assert (cfg.data.path, cfg.data.workers, cfg.data.prefetch_factor, cfg.data.drop_last) == ("/data", 2, 2, True)
+    assert (cfg.checkpoint.path, cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.resume) == (
+        "/checkpoints", 100, 3, True)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"trainer": {"maxStep": 5}}, "trainer: unknown key(s) maxStep"),
+    ({"trainer": {"optimizer": {"beta": 1}}}, "trainer.optimizer: unknown key(s) beta"),
+    ({"data": {"worker": 1}}, "data: unknown key(s) worker"),
+    ({"checkpoint": {"every": 1}}, "checkpoint: unknown key(s) every"),
+    ({"command": ["x"]}, "config: unknown key(s) command"),
+    ({"trainer": {"task": "digits", "entrypoint": "a.b:c"}}, "either task or entrypoint"),
+    ({"trainer": {"maxSteps": 5, "epochs": 1}}, "either maxSteps or epochs"),
+    ({"trainer": {"task": "mnist"}}, "trainer.task: 'mnist' is not one of"),
+    ({"trainer": {"batchSize": True}}, "trainer.batchSize: expected int, got a boolean"),
+    ({"trainer": {"batchSize": "32"}}, "trainer.batchSize: expected int, got str"),
+    ({"trainer": {"entrypoint": "no_colon"}}, "package.module:function"),
+    ({"trainer": {"options": {"layers": 2}}}, "trainer.options.layers: expected a string"),
+    ({"checkpoint": {"keep": 0}}, "checkpoint.keep: must be >= 1"),
+])
+def test_invalid_configs_are_rejected_with_the_key_path(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(raw, env={})
+
+
+def test_epochs_replace_the_default_step_count_and_an_entrypoint_replaces_the_default_task() -> None:
+    cfg = parse_config({"trainer": {"epochs": 3, "entrypoint": "pkg.mod:build"}}, env={})
+    assert (cfg.trainer.epochs, cfg.trainer.max_steps, cfg.trainer.task) == (3, None, None)
+
+
+def test_env_overrides_the_paths_and_reads_the_json_config() -> None:
+    env = {"KUBETRAIN_CONFIG": json.dumps({"data": {"workers": 0}}),
+           "KUBETRAIN_CHECKPOINT_DIR": "/ck", "KUBETRAIN_DATA_DIR": "/dd"}
+    cfg = load_config(env)
+    assert (cfg.checkpoint.path, cfg.data.path, cfg.data.workers) == ("/ck", "/dd", 0)
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config({"KUBETRAIN_CONFIG": "{"})
+    run_env = RunEnv.from_env({"KUBETRAIN_METRICS_PORT": "0", "KUBETRAIN_ATTEMPT": "2"})
+    assert (run_env.metrics_port, run_env.attempt) == (0, 2)
+    assert RunEnv.from_env({}).metrics_port == 9400
+
+
+# --- schedule and plan ----------------------------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor() -> None:
+    lrs = [lr_at(s, 1.0, warmup=10, total=110, min_ratio=0.1) for s in range(111)]
+    assert lrs[0] == pytest.approx(0.1)
+    assert lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))  # non-increasing after the warmup
+    assert lrs[60] == pytest.approx(0.55)  # half-way through the decay: (1 + 0.1) / 2
+    assert lrs[110] == pytest.approx(0.1)
+    assert lr_at(500, 1.0, 10, 110, 0.1) == pytest.approx(0.1)  # past the end: stays at the floor
+    assert lr_at(0, 1.0, 0, 100, 0.0) == pytest.approx(1.0)
+
+
+def test_planned_steps_come_from_max_steps_or_from_epochs() -> None:
+    assert plan_total_steps(50, None, 22, 1) == 50
+    assert plan_total_steps(None, 3, 22, 2) == 33
+
+
+# --- sharding -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ranks_get_disjoint_shards_that_cover_the_dataset(world: int) -> None:
+    n = 103
+    order = epoch_permutation(n, seed=1, epoch=0, shuffle=True)
+    shards = [rank_positions(order, 0, world, r, drop_last=True) for r in range(world)]
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat))  # disjoint
+    assert len({len(s) for s in shards}) == 1  # equal step counts: no rank waits for a peer
+    assert len(flat) == n - n % world  # complete but for the documented tail (< world samples)
+    padded = [rank_positions(order, 0, world, r, drop_last=False) for r in range(world)]
+    assert set().union(*map(set, padded)) == set(range(n))  # drop_last false: every sample, some twice
+    assert len({len(s) for s in padded}) == 1
+
+
+def test_the_order_changes_between_epochs_and_is_the_same_for_every_world_size() -> None:
+    a, b = epoch_permutation(100, 5, 0, True), epoch_permutation(100, 5, 1, True)
+    assert a != b and sorted(a) == sorted(b) == list(range(100))
+    assert epoch_permutation(100, 5, 0, True) == a
+
+
+def test_resuming_with_another_world_size_skips_exactly_the_consumed_samples() -> None:
+    n, consumed = 97, 40  # 2 ranks x 20 samples consumed before the checkpoint; 57 left divide by 3
+    order = epoch_permutation(n, 9, 2, True)
+    before = {i for r in range(2) for i in rank_positions(order, 0, 2, r, True)[:20]}
+    after = [i for r in range(3) for i in rank_positions(order, consumed, 3, r, True)]
+    assert before == set(order[:consumed])
+    assert set(after) == set(order[consumed:])  # nothing repeated, nothing skipped
+
+
+def test_the_sampler_through_a_dataloader_with_two_workers_shards_disjointly() -> None:
+    n, world = 64, 2
+    dataset = TensorDataset(torch.arange(n))
+    seen: list[list[int]] = []
+    for rank in range(world):
+        sampler = ResumableDistributedSampler(dataset, world, rank, seed=3)
+        sampler.set_position(epoch=1, skip=0)
+        loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2)
+        seen.append([int(i) for (batch,) in loader for i in batch])
+    assert set(seen[0]).isdisjoint(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(n))
+    sampler = ResumableDistributedSampler(dataset, world, 0, seed=3)
+    sampler.set_position(epoch=1, skip=16)
+    assert list(sampler) == seen[0][8:] and len(sampler) == 24
+
+
+def test_files_are_split_across_ranks_and_workers_without_overlap() -> None:
+    files = [f"shard-{i:03d}" for i in range(23)]
+    parts = [assign_files(files, r, 2, w, 3) for r in range(2) for w in range(3)]
+    flat = [f for p in parts for f in p]
+    assert sorted(flat) == files and len(flat) == len(set(flat))
+
+
+def test_file_shards_are_read_once_per_epoch_across_ranks_and_dataloader_workers(tmp_path: Path) -> None:
+    files = []
+    for i in range(7):  # file i holds only byte i, so every window names its file
+        path = tmp_path / f"part-{i}.bin"
+        path.write_bytes(bytes([i]) * (17 * (i + 1) + 1))
+        files.append(path)
+    readers: dict[int, set[int]] = {}
+    windows = 0
+    for rank in range(2):
+        loader = DataLoader(ShardedFileDataset(files, window=16, rank=rank, world=2), batch_size=None, num_workers=2)
+        for x, y in loader:
+            assert x.shape == y.shape == (16,) and torch.equal(x, y)
+            readers.setdefault(int(x[0]), set()).add(rank)
+            windows += 1
+    assert sorted(readers) == list(range(7))  # every file read
+    assert all(len(ranks) == 1 for ranks in readers.values())  # by one rank only
+    assert windows == sum(i + 1 for i in range(7))  # and once: file i has i + 1 whole windows
+
+
+# --- devices, metrics -----------------------------------------------------------------------------------
+
+
+def test_preflight_names_the_missing_gpus() -> None:
+    ctx = context_from_env({"LOCAL_WORLD_SIZE": "4", "RANK": "5"}, cuda_available=False)
+    check_devices(ctx, visible=0, cuda_available=False)  # CPU: nothing to check
+    with pytest.raises(PreflightError, match=r"4 processes per node expect as many GPUs.*device_count\(\) is 2"):
+        check_devices(ctx, visible=2, cuda_available=True)
+
+
+def test_gpu_metrics_are_absent_without_a_gpu_and_mfu_knows_the_h200_peak() -> None:
+    assert gpu_collector(torch.device("cpu")) is None
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("Some CPU") is None
+
+
+def test_histogram_buckets_are_cumulative() -> None:
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.5, 0.7, 5.0):
+        h.observe(v)
+    assert h.cumulative() == [("0.1", 1.0), ("1.0", 3.0), ("+Inf", 4.0)]
+    assert h.total == pytest.approx(6.25)
+
+
+def test_the_endpoint_serves_the_values_the_loop_set() -> None:
+    m = TrainerMetrics(rank=3, local_rank=1, world_size=4)
+    m.step, m.total_steps, m.loss_last, m.checkpoint_last_step = 42, 100, 0.25, 40
+    port = free_port_base(1)
+    server = serve(m, port)
+    try:
+        samples = scrape(port)
+    finally:
+        server.close()
+    assert samples["trainer_steps_total"] == [({"rank": "3", "local_rank": "1"}, 42.0)]
+    assert samples["trainer_total_steps"][0][1] == 100
+    assert samples["trainer_loss_last"][0][1] == 0.25
+    assert samples["trainer_checkpoint_last_step"][0][1] == 40
+    assert samples["trainer_resumed_from_step"][0][1] == -1
+    assert "trainer_eval_loss" not in samples  # no evaluation yet: absent rather than a made-up value
+    assert not math.isnan(samples["trainer_world_size"][0][1])
+
+
+# --- checkpoints (one process, no process group) --------------------------------------------------------
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process, no group: intended
+def test_checkpoints_are_atomic_keep_the_newest_and_restore_weights_and_position(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=2, rank=0, world_size=1)
+    (tmp_path / ".tmp-step_000000007").mkdir(parents=True)  # a save that a crash interrupted
+    (tmp_path / "step_000000099").mkdir()  # a directory without trainer_state.json is not a checkpoint
+    ckpt.prepare()
+    assert not (tmp_path / ".tmp-step_000000007").exists()
+    model, opt = _model_and_optimizer()
+    for step in (10, 20, 30):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        ckpt.save(model, opt, TrainState(step=step, epoch=1, epoch_samples=step * 8, world_size=1))
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [20, 30]
+    assert not list(tmp_path.glob(".tmp-*"))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh, fresh_opt = _model_and_optimizer()
+    latest = ckpt.latest()
+    assert latest is not None and latest[0] == 30
+    state = ckpt.load(latest[1], fresh, fresh_opt)
+    assert (state.step, state.epoch, state.epoch_samples) == (30, 1, 240)
+    for key, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, saved[key]), key
+    assert fresh_opt.state_dict()["state"][0]["step"] == 3  # AdamW's moments came back too
+
+
+# --- built-in tasks -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("task", "options"), [
+    ("digits", {}),
+    ("synthetic", {"samples": "512", "features": "8", "hidden": "16", "classes": "4"}),
+    ("gpt", {"layers": "1", "embd": "16", "heads": "2", "blockSize": "32", "corpusBytes": "50000"}),
+])
+def test_each_builtin_task_yields_a_model_data_and_a_finite_loss(task: str, options: dict[str, str]) -> None:
+    cfg = parse_config({"trainer": {"task": task, "options": options}}, env={})
+    built = build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options, data_dir=Path("/nonexistent"),
+                                   rank=0, world_size=1, device=torch.device("cpu")))
+    batch = next(iter(DataLoader(built.train_dataset, batch_size=4)))
+    loss = built.loss_fn(built.model, batch)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert built.eval_dataset is not None and built.eval_fn is not None
+    assert built.flops_per_sample > 0
+
+
+def test_unknown_task_options_are_rejected() -> None:
+    cfg = parse_config({"trainer": {"task": "gpt", "options": {"layer": "2"}}}, env={})
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options, data_dir=Path("/x"), rank=0,
+                               world_size=1, device=torch.device("cpu")))
