@@ -202,14 +202,17 @@ def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
     phases: list[str] = []
     stop = threading.Event()
 
+    def observe() -> None:
+        try:
+            phase = jobs.status(name).get("phase")
+        except ApiError:  # not created yet
+            return
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+
     def poll() -> None:
         while not stop.is_set():
-            try:
-                phase = jobs.status(name).get("phase")
-            except ApiError:
-                phase = None
-            if phase and (not phases or phases[-1] != phase):
-                phases.append(phase)
+            observe()
             time.sleep(0.1)
 
     thread = threading.Thread(target=poll, daemon=True)
@@ -218,5 +221,6 @@ def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
     def finish() -> list[str]:
         stop.set()
         thread.join(timeout=5)
+        observe()  # the phase the caller waited for
         return phases
     return finish

@@ -38,7 +38,7 @@ CUSTOM_IMAGE = CHART / "ci" / "custom-image-values.yaml"
 
 # What the operator does in the API (see the chart's _helpers.tpl): (apiGroup, resource, verb).
 JOB_RULES = {
-    *((GROUP, PLURAL, verb) for verb in ("get", "list", "watch", "patch", "update")),
+    *((GROUP, PLURAL, verb) for verb in ("get", "list", "watch", "delete")),
     *((GROUP, f"{PLURAL}/status", verb) for verb in ("get", "patch", "update")),
     *(
         ("", res, verb)

@@ -27,6 +27,19 @@ SECOND_ATTEMPT_SUCCEEDS = (
 )
 
 
+# Serves a heartbeat that never advances on attempt 0 (a hung trainer); exits 0 from attempt 1 on.
+FROZEN_HEARTBEAT = (
+    "import os, sys, time\n"
+    "if os.environ['KUBETRAIN_ATTEMPT'] != '0':\n"
+    "    sys.exit(0)\n"
+    "from prometheus_client import Gauge, start_http_server\n"
+    "Gauge('trainer_step', 'step').set(7)\n"
+    "Gauge('trainer_last_step_timestamp_seconds', 'heartbeat').set(time.time())\n"
+    "start_http_server(int(os.environ['KUBETRAIN_METRICS_PORT']))\n"
+    "time.sleep(600)\n"
+)
+
+
 def spec(code: str, nodes: int = 1, **extra: Json) -> Json:
     """A job whose pods run ``python -c code`` under torchrun."""
     return {
@@ -160,7 +173,9 @@ def test_suspend_deletes_pods_and_resume_continues(jobs: Jobs) -> None:
 
 
 def test_stalled_job_is_restarted(jobs: Jobs) -> None:
-    jobs.create("stuck", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"stallTimeoutSeconds": 5}))
+    jobs.create("stuck", spec(FROZEN_HEARTBEAT, failurePolicy={"stallTimeoutSeconds": 15}))
+    status = jobs.wait("stuck", lambda s: "heartbeatTime" in s.get("progress", {}), "progress scraped from rank 0")
+    assert status["progress"]["step"] == 7
     status = jobs.wait_phase("stuck", "Succeeded", timeout=180)
     assert status["restarts"] == 1
     assert status["failures"][0]["reason"] == "NoHeartbeat"

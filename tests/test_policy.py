@@ -218,6 +218,12 @@ class TestGangRestart:
         assert decision.status["phase"] == "Running"
         assert decision.requeue_after == 240
 
+    def test_user_program_without_heartbeat_is_never_stalled(self) -> None:
+        program = parse(base_job() | {"spec": {"command": ["python", "train.py"]}} | {
+            "metadata": {"name": "valid", "uid": "u", "generation": 1}})
+        status = running(runningTime="2026-10-01T00:00:00Z")
+        assert reconcile(program, status, states(pod(0)), NOW).status["phase"] == "Running"
+
     def test_stall_detection_can_be_disabled(self) -> None:
         status = running(runningTime="2026-10-01T00:00:00Z")
         decision = reconcile(job(failurePolicy={"stallTimeoutSeconds": 0}), status, states(pod(0), pod(1)), NOW)

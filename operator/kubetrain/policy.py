@@ -400,6 +400,8 @@ def _handle_stall(draft: _Draft, current: Sequence[PodState]) -> bool:
     if not timeout or draft.status.get("phase") != Phase.RUNNING or running_since is None:
         return False
     heartbeat = parse_time((draft.status.get("progress") or {}).get("heartbeatTime"))
+    if heartbeat is None and draft.job.spec.trainer is None:
+        return False  # a user program that exports no heartbeat cannot be judged by one
     last_sign = max(running_since, heartbeat) if heartbeat else running_since
     silent = (draft.now - last_sign).total_seconds()
     if silent < timeout:

@@ -1,0 +1,193 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit of some name fields).
+*/}}
+{{- define "kubetrain.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: "<release>-<chart>", or the release name when it already contains the chart
+name; truncated to 63 characters.
+*/}}
+{{- define "kubetrain.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version for the helm.sh/chart label.
+*/}}
+{{- define "kubetrain.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Standard labels on every object.
+*/}}
+{{- define "kubetrain.labels" -}}
+helm.sh/chart: {{ include "kubetrain.chart" . }}
+{{ include "kubetrain.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kubetrain
+{{- end }}
+
+{{/*
+Selector labels: minimal, because a Deployment's selector is immutable.
+*/}}
+{{- define "kubetrain.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubetrain.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels of monitoring objects (ServiceMonitor, PodMonitor, PrometheusRule, dashboards): the standard labels,
+the `release` label kube-prometheus-stack selects on, and the shared extra labels. Takes a dict with
+"ctx" (the root context) and "labels" (the object's own extra labels).
+*/}}
+{{- define "kubetrain.monitoringLabels" -}}
+{{- $ctx := .ctx }}
+{{- include "kubetrain.labels" $ctx }}
+{{- with $ctx.Values.monitoring.release }}
+release: {{ . | quote }}
+{{- end }}
+{{- with $ctx.Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- with .labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The full name with a suffix, the full name shortened so that the result stays within 63 characters.
+Takes a list: (root context, suffix).
+*/}}
+{{- define "kubetrain.suffixedName" -}}
+{{- $suffix := index . 1 }}
+{{- $room := int (sub 62 (len $suffix)) }}
+{{- printf "%s-%s" (include "kubetrain.fullname" (index . 0) | trunc $room | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{/*
+Name of the operator's metrics Service (a DNS label: at most 63 characters).
+*/}}
+{{- define "kubetrain.metricsServiceName" -}}
+{{- include "kubetrain.suffixedName" (list . "metrics") }}
+{{- end }}
+
+{{/*
+Name of the operator's ServiceAccount.
+*/}}
+{{- define "kubetrain.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kubetrain.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator image: repository:tag, or repository:tag@digest when a digest is set.
+*/}}
+{{- define "kubetrain.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+Arguments of `kubetrain operator`: the watched namespaces, the metrics port, kopf's liveness endpoint, the
+log level, then the user's extra args.
+*/}}
+{{- define "kubetrain.operatorArgs" -}}
+- operator
+{{- if .Values.watchNamespaces }}
+{{- range .Values.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --metrics-port={{ .Values.operator.metricsPort }}
+- --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
+{{- if eq .Values.operator.logLevel "quiet" }}
+- --quiet
+{{- else if eq .Values.operator.logLevel "verbose" }}
+- --verbose
+{{- else if eq .Values.operator.logLevel "debug" }}
+- --debug
+{{- end }}
+{{- with .Values.operator.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules on the objects of one namespace (used by the ClusterRole in cluster-wide mode and by one Role
+per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
+*/}}
+{{- define "kubetrain.namespacedRules" -}}
+# The TrainingJobs themselves: watch them, and delete those whose ttlSecondsAfterFinished has passed.
+# (The operator adds no finalizers or annotations to them, so it never patches them.)
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingjobs"]
+  verbs: ["get", "list", "watch", "delete"]
+# Their status subresource: phase, conditions, progress (kopf patches status through /status).
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingjobs/status"]
+  verbs: ["get", "patch", "update"]
+# The children: one pod per node and a headless Service per job; created, adopted, and deleted on
+# gang restarts and cleanup.
+- apiGroups: [""]
+  resources: ["pods", "services"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# Events on TrainingJobs (kopf posts both API versions depending on the cluster).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/*
+RBAC rules kopf needs cluster-wide to find the CRD it serves.
+*/}}
+{{- define "kubetrain.discoveryRules" -}}
+# kopf scans CRDs at start-up and watches them for changes of the served resource.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end }}
+
+{{/*
+One alerting rule. Takes a dict: ctx (root context), name, cfg (the alert's values: for, severity), expr,
+summary and description (Prometheus templates, already escaped from Helm by the caller).
+*/}}
+{{- define "kubetrain.alertRule" -}}
+- alert: {{ .name }}
+  expr: |-
+    {{- .expr | trim | nindent 4 }}
+  for: {{ .cfg.for }}
+  labels:
+    severity: {{ .cfg.severity }}
+    {{- with .ctx.Values.prometheusRule.additionalAlertLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ .description | quote }}
+    runbook_url: {{ printf "%s#%s" .ctx.Values.prometheusRule.runbookUrl (lower .name) | quote }}
+{{- end }}

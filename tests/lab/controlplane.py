@@ -1,0 +1,153 @@
+"""etcd, kube-apiserver, kube-controller-manager and kube-scheduler on 127.0.0.1 with free ports."""
+
+from __future__ import annotations
+
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.lab.build import ensure_binary
+from tests.lab.kubeconfig import write_kubeconfig
+from tests.lab.pki import CertFiles, Pki
+from tests.lab.procs import ManagedProcess, free_port, wait_for
+
+SERVICE_CIDR = "10.0.0.0/24"
+# Short, so that a node whose heartbeats stop turns NotReady within ~20 s (kubelet default: 40 s).
+NODE_MONITOR_GRACE = "16s"
+APISERVER_READY_TIMEOUT = 90.0
+
+
+@dataclass
+class Identities:
+    admin: Path
+    controller_manager: Path
+    scheduler: Path
+
+
+class ControlPlane:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.pki = Pki(run_dir / "pki")
+        self.serving = self.pki.apiserver_serving()
+        self.sa_keys = self.pki.service_account_keys()
+        self.apiserver_port = free_port()
+        self.server = f"https://127.0.0.1:{self.apiserver_port}"
+        self.identities = Identities(
+            admin=self._component_kubeconfig("admin", "kubetrain-lab-admin", "system:masters"),
+            controller_manager=self._component_kubeconfig(
+                "controller-manager", "system:kube-controller-manager"),
+            scheduler=self._component_kubeconfig("scheduler", "system:kube-scheduler"),
+        )
+        self.processes: dict[str, ManagedProcess] = {}
+
+    def _component_kubeconfig(self, stem: str, user: str, group: str | None = None) -> Path:
+        files: CertFiles = self.pki.issue(stem, user, group)
+        return write_kubeconfig(self.run_dir / f"{stem}.kubeconfig", self.server, self.pki.ca.cert,
+                                user=user, cert=files.cert, key=files.key)
+
+    def _process(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log")
+        self.processes[name] = proc
+        proc.start()
+        return proc
+
+    # etcd ---------------------------------------------------------------------------------------
+    def start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        shm = Path("/dev/shm")
+        data_root = shm if shm.is_dir() else self.run_dir
+        self.etcd_data = data_root / f"kubetrain-lab-etcd-{self.run_dir.name}"
+        proc = self._process("etcd", [
+            str(ensure_binary("etcd")), "--name=lab", f"--data-dir={self.etcd_data}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=lab=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ])
+        wait_for(lambda: self._http_ok(f"{self.etcd_url}/health", proc), 30, "etcd /health")
+
+    # kube-apiserver -----------------------------------------------------------------------------
+    def apiserver_argv(self) -> list[str]:
+        pki = self.pki
+        return [
+            str(ensure_binary("kube-apiserver")),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={self.serving.cert}", f"--tls-private-key-file={self.serving.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            f"--kubelet-certificate-authority={pki.ca.cert}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self.sa_keys.cert}",
+            f"--service-account-signing-key-file={self.sa_keys.key}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--cert-dir={self.run_dir / 'apiserver-certs'}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def start_apiserver(self) -> None:
+        proc = self._process("kube-apiserver", self.apiserver_argv())
+        wait_for(lambda: self._https_ok("/readyz", proc), APISERVER_READY_TIMEOUT, "kube-apiserver /readyz",
+                 interval=0.25)
+
+    def restart_apiserver(self) -> None:
+        """Fault injection: stop the apiserver (clients see connection errors), start it again."""
+        self.processes["kube-apiserver"].stop()
+        self.start_apiserver()
+
+    # controllers --------------------------------------------------------------------------------
+    def start_controllers(self) -> None:
+        cm = str(self.identities.controller_manager)
+        self._process("kube-controller-manager", [
+            str(ensure_binary("kube-controller-manager")),
+            f"--kubeconfig={cm}", f"--authentication-kubeconfig={cm}", f"--authorization-kubeconfig={cm}",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            "--leader-elect=false", "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={self.sa_keys.key}",
+            f"--root-ca-file={self.pki.ca.cert}",
+            "--controllers=*",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
+            f"--cluster-signing-cert-file={self.pki.ca.cert}",
+            f"--cluster-signing-key-file={self.pki.ca.key}",
+            "--v=1",
+        ])
+        sched = str(self.identities.scheduler)
+        self._process("kube-scheduler", [
+            str(ensure_binary("kube-scheduler")),
+            f"--kubeconfig={sched}", f"--authentication-kubeconfig={sched}",
+            f"--authorization-kubeconfig={sched}",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false", "--v=1",
+        ])
+
+    # health -------------------------------------------------------------------------------------
+    @staticmethod
+    def _http_ok(url: str, proc: ManagedProcess, context: ssl.SSLContext | None = None) -> bool:
+        proc.check_alive()
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def _https_ok(self, path: str, proc: ManagedProcess) -> bool:
+        admin = self.pki.directory
+        context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        context.load_cert_chain(str(admin / "admin.crt"), str(admin / "admin.key"))
+        return self._http_ok(f"{self.server}{path}", proc, context)
+
+    def stop(self) -> None:
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.stop()
+        data = getattr(self, "etcd_data", None)
+        if data is not None and data.exists():
+            import shutil
+            shutil.rmtree(data, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""Pytest plugin: a session-wide ``lab`` and a fresh ``namespace`` per test.
+
+Enable with ``pytest_plugins = ["tests.lab.fixtures"]``. The lab is started on first use only, so runs that
+select no lab test don't pay for it. ``KUBETRAIN_LAB_NODES`` / ``KUBETRAIN_LAB_GPUS`` size it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.lab.lab import LAB_HOME, Lab
+from tests.lab.procs import wait_for
+from tests.lab.rest import ApiError
+
+GRACEFUL_POD_DELETE_S = 15
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
+    run_dir = LAB_HOME / f"pytest-{os.getpid()}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    the_lab = Lab(run_dir, nodes=int(os.environ.get("KUBETRAIN_LAB_NODES", "2")),
+                  gpus_per_node=int(os.environ.get("KUBETRAIN_LAB_GPUS", "2")))
+    the_lab.start()
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+
+
+@pytest.fixture
+def namespace(lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (default ServiceAccount ready); deleted afterwards, leftover pods force-deleted."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:5]}"
+    lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    lab.wait_service_account(name)
+    try:
+        yield name
+    finally:
+        delete_namespace(lab, name)
+
+
+def delete_namespace(lab: Lab, name: str) -> None:
+    """Delete the namespace and wait until its pods (and so their processes) are gone.
+
+    The namespace object itself is left to the namespace controller: names are unique per test, and
+    waiting for its final sweep would cost seconds per test.
+    """
+    lab.api.delete(f"/api/v1/namespaces/{name}")
+    # The namespace controller gets to the pods after a while; asking directly saves seconds per test.
+    lab.api.delete(f"/api/v1/namespaces/{name}/pods")
+
+    def pods() -> list[str]:
+        return [p["metadata"]["name"] for p in lab.api.get(f"/api/v1/namespaces/{name}/pods")["items"]]
+
+    deadline = time.monotonic() + GRACEFUL_POD_DELETE_S
+    while time.monotonic() < deadline and pods():
+        time.sleep(0.2)
+    # Pods whose processes ignore SIGTERM would hold on for their whole grace period: force them.
+    for pod in pods():
+        try:
+            lab.api.delete(f"/api/v1/namespaces/{name}/pods/{pod}",
+                           {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+        except ApiError as error:
+            if error.status != 404:
+                raise
+    wait_for(lambda: not pods(), 30, f"pods of namespace {name} to be gone", interval=0.2)
+    lab.wait_pods_stopped(name)
+    for pv in lab.api.get("/api/v1/persistentvolumes",
+                          labelSelector=f"kubetrain.dev/lab-namespace={name}")["items"]:
+        lab.api.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+
+
+def pod_log_text(lab: Lab, namespace: str, pod: str, container: str = "trainer") -> str:
+    path: Path = lab.pod_log(namespace, pod, container)
+    return path.read_text(errors="replace") if path.exists() else ""

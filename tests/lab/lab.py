@@ -1,0 +1,303 @@
+"""The lab as one object: control plane, pod network, DNS and process kubelet, started and stopped as one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.lab.build import ensure_binary
+from tests.lab.controlplane import ControlPlane
+from tests.lab.dns import ClusterDns
+from tests.lab.images import REPO, ImageMap
+from tests.lab.kubeconfig import write_kubeconfig
+from tests.lab.kubelet import Kubelet
+from tests.lab.network import PodNetwork, remove_network
+from tests.lab.podworker import RUN_MARKER
+from tests.lab.procs import kill_tree, wait_for
+from tests.lab.rest import JSON, ApiError, Rest
+from tests.lab.versions import cache_root
+
+log = logging.getLogger(__name__)
+LAB_HOME = Path(os.environ.get("KUBETRAIN_LAB_HOME", REPO / ".lab"))
+STATE_FILE = "state.json"
+LAB_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+
+class Lab:
+    """Start with :meth:`start` (or as a context manager); :meth:`stop` always leaves nothing behind."""
+
+    def __init__(self, run_dir: Path, *, nodes: int = 2, gpus_per_node: int = 0,
+                 images: ImageMap | None = None) -> None:
+        self.run_dir = run_dir.resolve()
+        self.node_count = nodes
+        self.gpus_per_node = gpus_per_node
+        self.images = images or ImageMap()
+        self.control_plane: ControlPlane | None = None
+        self.network: PodNetwork | None = None
+        self.dns: ClusterDns | None = None
+        self.kubelet: Kubelet | None = None
+
+    def __enter__(self) -> Lab:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # start / stop -------------------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        for name in LAB_BINARIES:
+            ensure_binary(name)
+        cleanup_stale()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        cp = self.control_plane = ControlPlane(self.run_dir)
+        cp.start_etcd()
+        cp.start_apiserver()
+        cp.start_controllers()
+        self.api = self.admin_rest()
+        self.network = PodNetwork.create()
+        self._write_state()
+        self.dns = ClusterDns(self.admin_rest(), self.network.gateway)
+        self.dns.start()
+        # Deviation: one kubelet plays every node with the admin identity, not system:node:<name> certs.
+        self.kubelet = Kubelet(self.admin_rest, self.network, self.run_dir, self.images,
+                               nodes=self.node_count, gpus_per_node=self.gpus_per_node)
+        self.kubelet.start()
+        wait_for(self._nodes_schedulable, 60, "lab nodes to lose the not-ready taint", interval=0.25)
+        self.wait_service_account("default")
+
+    def admin_rest(self) -> Rest:
+        """A fresh JSON client with the admin identity (one per thread that holds long watches)."""
+        pki = self.cp.pki
+        return Rest(self.cp.server, pki.ca.cert, pki.directory / "admin.crt", pki.directory / "admin.key")
+
+    def _write_state(self) -> None:
+        cp = self.control_plane
+        assert cp is not None and self.network is not None
+        state = {"pid": os.getpid(), "network": self.network.index,
+                 "processes": {name: p.pid for name, p in cp.processes.items()}}
+        (self.run_dir / STATE_FILE).write_text(json.dumps(state))
+
+    def stop(self) -> None:
+        """Reverse order; every step runs even when an earlier one fails."""
+        steps: list[tuple[str, Callable[[], None]]] = [
+            # Another live lab's pods may use a mountpoint we created (rmdir would detach their mounts).
+            ("kubelet", lambda: self.kubelet.stop(not _other_labs_alive(self.run_dir)) if self.kubelet else None),
+            ("dns", lambda: self.dns.stop() if self.dns else None),
+            ("control plane", lambda: self.control_plane.stop() if self.control_plane else None),
+            ("network", lambda: self.network.down() if self.network else None),
+        ]
+        errors = []
+        for name, step in steps:
+            try:
+                step()
+            except Exception as error:  # keep tearing down; report everything at the end
+                log.exception("lab: stopping %s failed", name)
+                errors.append(f"{name}: {error}")
+        shutil.rmtree(Path("/dev/shm") / f"kubetrain-lab-{self.run_dir.name}", ignore_errors=True)
+        (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        if errors:
+            raise RuntimeError("lab teardown was incomplete: " + "; ".join(errors))
+
+    # readiness ----------------------------------------------------------------------------------
+    def _nodes_schedulable(self) -> bool:
+        nodes = self.api.get("/api/v1/nodes", labelSelector="kubetrain.dev/lab=true")["items"]
+        return len(nodes) == self.node_count and all(
+            not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])
+            for n in nodes)
+
+    def wait_service_account(self, namespace: str, name: str = "default", timeout: float = 60) -> None:
+        def exists() -> bool:
+            try:
+                self.api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
+                return True
+            except ApiError as error:
+                if error.status == 404:
+                    return False
+                raise
+        wait_for(exists, timeout, f"serviceaccount {namespace}/{name}", interval=0.2)
+
+    # handles for tests and tools ----------------------------------------------------------------
+    @property
+    def cp(self) -> ControlPlane:
+        if self.control_plane is None:
+            raise RuntimeError("the lab is not started")
+        return self.control_plane
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cp.identities.admin
+
+    @property
+    def server(self) -> str:
+        return self.cp.server
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cp.pki.ca.cert
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._kubelet.nodes)
+
+    @property
+    def _kubelet(self) -> Kubelet:
+        if self.kubelet is None:
+            raise RuntimeError("the lab is not started")
+        return self.kubelet
+
+    def api_client(self, kubeconfig: Path | None = None) -> Any:
+        """A ``kubernetes.client.ApiClient`` (admin unless another kubeconfig is given)."""
+        from kubernetes import config
+        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))  # type: ignore[no-untyped-call]
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
+                stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the lab's kubectl (admin unless another kubeconfig is given); raises on failure if check."""
+        argv = [str(ensure_binary("kubectl")), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        result = subprocess.run(argv, capture_output=True, text=True, input=stdin, timeout=timeout,
+                                check=False)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+    def token_kubeconfig(self, namespace: str, service_account: str, *, duration_s: int = 3600,
+                         path: Path | None = None) -> Path:
+        """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+        answer = self.api.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": duration_s}})
+        target = path or self.run_dir / f"sa-{namespace}-{service_account}.kubeconfig"
+        return write_kubeconfig(target, self.server, self.ca_file, user=f"{namespace}-{service_account}",
+                                token=answer["status"]["token"], namespace=namespace)
+
+    def create_volume(self, namespace: str, claim: str, size: str = "1Gi",
+                      access_modes: tuple[str, ...] = ("ReadWriteMany",), timeout: float = 60) -> Path:
+        """A hostPath PersistentVolume pre-bound to a new claim; returns the host directory behind it."""
+        host_dir = self.run_dir / "volumes" / f"{namespace}-{claim}"
+        host_dir.mkdir(parents=True, exist_ok=True)
+        pv_name = f"lab-{namespace}-{claim}"[:253]
+        self.api.post("/api/v1/persistentvolumes", {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": pv_name, "labels": {"kubetrain.dev/lab-namespace": namespace}},
+            "spec": {"capacity": {"storage": size}, "accessModes": list(access_modes),
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
+                     "claimRef": {"namespace": namespace, "name": claim}},
+        })
+        self.api.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+            "spec": {"accessModes": list(access_modes), "storageClassName": "", "volumeName": pv_name,
+                     "resources": {"requests": {"storage": size}}},
+        })
+
+        def bound() -> bool:
+            pvc = self.api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+            return bool(pvc.get("status", {}).get("phase") == "Bound")
+        wait_for(bound, timeout, f"claim {namespace}/{claim} to bind", interval=0.25)
+        return host_dir
+
+    def pod_log(self, namespace: str, name: str, container: str = "trainer") -> Path:
+        """The file with the container's stdout and stderr (``kubectl logs`` is not served by the lab)."""
+        return self._kubelet.worker(namespace, name).log_path(container)
+
+    def wait_pods_stopped(self, namespace: str, timeout: float = 30) -> None:
+        """Wait until the kubelet has stopped every pod of the namespace (processes and sandbox gone)."""
+        workers = [w for w in list(self._kubelet.workers.values()) if w.namespace == namespace]
+        wait_for(lambda: all(w.finished.is_set() for w in workers), timeout,
+                 f"the pods of {namespace} to stop", interval=0.1)
+
+    def pod_processes(self, namespace: str, name: str) -> list[int]:
+        return self._kubelet.processes(namespace, name)
+
+    # fault injection ----------------------------------------------------------------------------
+    def kill_pod(self, namespace: str, name: str, signum: int = signal.SIGKILL) -> None:
+        """Send a signal to the pod's container process groups (exit code then reads 128+signum)."""
+        self._kubelet.worker(namespace, name).inject_signal(signum)
+
+    def oom_kill_pod(self, namespace: str, name: str) -> None:
+        """Kill the pod's containers as the OOM killer would: exit 137, reason OOMKilled."""
+        self._kubelet.worker(namespace, name).inject_signal(signal.SIGKILL, oom=True)
+
+    def stop_node_heartbeats(self, node: str) -> None:
+        self._kubelet.pause_node(node)
+
+    def resume_node_heartbeats(self, node: str) -> None:
+        self._kubelet.resume_node(node)
+
+    def restart_apiserver(self) -> None:
+        self.cp.restart_apiserver()
+
+    def node(self, name: str) -> JSON:
+        return self.api.get(f"/api/v1/nodes/{name}")
+
+
+def cleanup_stale(home: Path = LAB_HOME) -> None:
+    """Tear down what labs whose owning process died left behind (processes, namespaces, bridge)."""
+    if not home.exists():
+        return
+    for state_file in home.glob(f"*/{STATE_FILE}"):
+        state = json.loads(state_file.read_text())
+        if _alive(int(state["pid"])):
+            continue
+        log.warning("lab: cleaning up after dead lab %s", state_file.parent)
+        for pid in state.get("processes", {}).values():
+            if _is_lab_binary(int(pid)):
+                kill_tree(int(pid), grace=2)
+        for proc in _processes_of_run(state_file.parent):
+            kill_tree(proc.pid, grace=2)
+        remove_network(int(state["network"]))
+        state_file.unlink(missing_ok=True)
+
+
+def _processes_of_run(run_dir: Path) -> list[psutil.Process]:
+    """Pods (by their environment marker) and helpers like Prometheus (by their arguments) of a run."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if (proc.environ().get(RUN_MARKER) == str(run_dir)
+                    or (proc.name() == "prometheus" and any(str(run_dir) in a for a in proc.cmdline()))):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _other_labs_alive(run_dir: Path, home: Path = LAB_HOME) -> bool:
+    states = [f for f in home.glob(f"*/{STATE_FILE}") if f.parent != run_dir] if home.exists() else []
+    return any(_alive(int(json.loads(f.read_text())["pid"])) for f in states)
+
+
+def _is_lab_binary(pid: int) -> bool:
+    """Guard against pid reuse: only processes running one of the cached lab binaries are ours."""
+    try:
+        return Path(psutil.Process(pid).exe()).is_relative_to(cache_root())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+

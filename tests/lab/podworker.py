@@ -1,0 +1,367 @@
+"""One pod's life on the process kubelet: sandbox, processes, status, deletion."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import requests
+
+from tests.lab.dns import resolv_conf
+from tests.lab.images import SYSTEM_PATH
+from tests.lab.network import Sandbox
+from tests.lab.podspec import NotReadyYetError, PodSpecReader, container_mounts, expand
+from tests.lab.rest import JSON, ApiError, pod_path
+
+if TYPE_CHECKING:
+    from tests.lab.kubelet import Kubelet, NodeInfo
+
+log = logging.getLogger(__name__)
+PODINIT = Path(__file__).resolve().parent / "podinit.py"
+POD_MARKER = "KUBETRAIN_LAB_POD_UID"  # in every pod process's environment, to find them all
+RUN_MARKER = "KUBETRAIN_LAB_RUN"  # the lab's run dir, to clean up after a lab whose owner died
+OUR_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+POLL_S = 0.1
+STATUS_RETRY_S = 120.0
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_processes(uid: str) -> list[psutil.Process]:
+    """Every live process of a pod, whatever its process group: they all carry the pod marker."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(POD_MARKER) == uid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def signal_pod(uid: str, signum: int) -> None:
+    for proc in pod_processes(uid):
+        try:
+            proc.send_signal(signum)
+        except psutil.NoSuchProcess:
+            continue
+
+
+@dataclass
+class ContainerRun:
+    name: str
+    image: str
+    popen: subprocess.Popen[bytes]
+    started_at: str
+    exit_code: int | None = None
+    finished_at: str | None = None
+    oom: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PodWorker:
+    def __init__(self, kubelet: Kubelet, pod: JSON, node: NodeInfo) -> None:
+        self.kubelet = kubelet
+        self.api = kubelet.api
+        self.node = node
+        self.latest = pod
+        meta = pod["metadata"]
+        self.uid, self.namespace, self.name = meta["uid"], meta["namespace"], meta["name"]
+        self.dir = kubelet.run_dir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.shm_dir = kubelet.shm_root / self.uid
+        self.changed = threading.Event()
+        self.removed = False  # the API object is gone (force-deleted)
+        self.finished = threading.Event()
+        self.deleted_from_api = False
+        self.sandbox: Sandbox | None = None
+        self.runs: dict[str, ContainerRun] = {}
+        self.start_time: str | None = None
+        self.waiting: tuple[str, str] = ("ContainerCreating", "")
+        self.thread = threading.Thread(target=self._main, name=f"pod-{self.namespace}/{self.name}",
+                                       daemon=True)
+        self._lock = threading.Lock()
+
+    # events from the kubelet's watch ------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def update(self, pod: JSON) -> None:
+        self.latest = pod
+        self.changed.set()
+        if self.finished.is_set() and self._deletion_requested():
+            self._delete_from_api()
+
+    def remove(self) -> None:
+        self.removed = True
+        self.changed.set()
+
+    def _deletion_requested(self) -> bool:
+        return self.removed or bool(self.latest["metadata"].get("deletionTimestamp"))
+
+    # the pod's life -----------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._live()
+        except Exception as error:  # a broken pod must not take the kubelet down; its status says why
+            log.exception("pod %s/%s: kubelet worker failed", self.namespace, self.name)
+            self._kill_all(0)
+            self.waiting = ("CreateContainerError", f"lab kubelet: {error!r}")
+            with contextlib.suppress(ApiError, requests.RequestException):  # best effort: already failing
+                self._write_status()
+        finally:
+            self._teardown()
+            self.finished.set()
+            if self._deletion_requested():
+                self._delete_from_api()
+
+    def _live(self) -> None:
+        if self.latest.get("status", {}).get("phase") in ("Succeeded", "Failed") or self._deletion_requested():
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_status()
+        while not self._start_containers():
+            if self._deletion_requested():
+                return
+            self._write_status()
+            self.changed.wait(1.0)
+            self.changed.clear()
+        self.start_time = self.start_time or now()
+        self._write_status()
+        self._supervise()
+        self._write_status()
+
+    def _start_containers(self) -> bool:
+        """Create the sandbox and start every container; False when something isn't ready yet."""
+        pod = self.latest
+        reader = PodSpecReader(self.api, pod)
+        try:
+            volumes = {v["name"]: reader.volume_path(v, self.dir, self.shm_dir)
+                       for v in pod["spec"].get("volumes") or []}
+            if self.sandbox is None:
+                self.sandbox = self._create_sandbox()
+            pod = {**pod, "status": {**pod.get("status", {}), "podIP": self.sandbox.ip,
+                                     "podIPs": [{"ip": self.sandbox.ip}], "hostIP": self.node.ip,
+                                     "hostIPs": [{"ip": self.node.ip}]}}
+            reader = PodSpecReader(self.api, pod)
+            prepared = [self._prepare(reader, c, volumes) for c in pod["spec"]["containers"]]
+        except NotReadyYetError as error:
+            self.waiting = (error.reason, str(error))
+            return False
+        self.start_time = now()
+        for container, spec_file in prepared:
+            self._launch(container, spec_file)
+        return True
+
+    def _create_sandbox(self) -> Sandbox:
+        spec = self.latest["spec"]
+        hostname = spec.get("hostname") or self.name[:63]
+        if spec.get("subdomain"):
+            fqdn = f"{hostname}.{spec['subdomain']}.{self.namespace}.svc.cluster.local"
+            names = f"{fqdn} {hostname}"
+        else:
+            names = hostname
+        hosts = (f"# Kubernetes-managed hosts file (lab).\n127.0.0.1\tlocalhost\n"
+                 f"::1\tlocalhost ip6-localhost ip6-loopback\n{{POD_IP}}\t{names}\n")
+        network = self.kubelet.network
+        return network.create_sandbox(self.uid.replace("-", "")[:8], self.node.index, hosts,
+                                      resolv_conf(self.namespace, network.gateway))
+
+    def _prepare(self, reader: PodSpecReader, container: JSON, volumes: dict[str, Path]) -> tuple[JSON, Path]:
+        image = self.kubelet.images.resolve(container.get("image", ""))
+        spec = self.latest["spec"]
+        home = self.dir / "home" / container["name"]
+        home.mkdir(parents=True, exist_ok=True)
+        base = {**image.base_env(), "HOSTNAME": spec.get("hostname") or self.name[:63], "HOME": str(home),
+                POD_MARKER: self.uid}
+        env = reader.env(container, base, self.node.allocatable)
+        env[POD_MARKER] = self.uid
+        env[RUN_MARKER] = str(self.kubelet.run_dir)
+        argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
+        if not argv:
+            raise NotReadyYetError("CreateContainerError",
+                                   "lab images have no entrypoint: the pod must set command")
+        mounts = container_mounts(container, volumes)
+        for mount in mounts:
+            self.kubelet.make_mountpoint(mount.target)
+        working_dir = container.get("workingDir") or str(image.working_dir or home)
+        self.kubelet.make_mountpoint(working_dir)
+        spec_file = self.dir / f"{container['name']}.spec.json"
+        spec_file.write_text(json.dumps({
+            "hostname": spec.get("hostname") or self.name[:63], "workingDir": working_dir, "argv": argv,
+            "env": env, "mounts": [{"source": str(m.source), "target": m.target, "readOnly": m.read_only}
+                                   for m in mounts],
+        }))
+        return container, spec_file
+
+    def _launch(self, container: JSON, spec_file: Path) -> None:
+        assert self.sandbox is not None
+        log_path = self.log_path(container["name"])
+        argv = ["ip", "netns", "exec", self.sandbox.netns, "unshare", "--uts", "--",
+                sys.executable, "-I", str(PODINIT), str(spec_file)]
+        with log_path.open("ab") as output:
+            popen = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env={"PATH": SYSTEM_PATH, POD_MARKER: self.uid,
+                                                                RUN_MARKER: str(self.kubelet.run_dir)})
+        name = container["name"]
+        self.runs[name] = ContainerRun(name, container.get("image", ""), popen, now())
+
+    def log_path(self, container: str) -> Path:
+        return self.dir / f"{container}.log"
+
+    def _supervise(self) -> None:
+        """Wait for the containers to exit, or for a deletion that stops them gracefully."""
+        stopping = False
+        while True:
+            for run in self.runs.values():
+                if run.exit_code is None and (code := run.popen.poll()) is not None:
+                    # A process killed by signal N reports 128+N, as container runtimes do.
+                    run.exit_code = 128 - code if code < 0 else code
+                    run.finished_at = now()
+                    self._write_status()
+            if all(run.exit_code is not None for run in self.runs.values()):
+                break
+            if self._deletion_requested() and not stopping:
+                stopping = True
+                grace = self.latest["metadata"].get("deletionGracePeriodSeconds")
+                if grace is None:
+                    grace = self.latest["spec"].get("terminationGracePeriodSeconds", 30)
+                threading.Thread(target=self._kill_all, args=(0 if self.removed else int(grace),),
+                                 daemon=True).start()
+            self.changed.wait(POLL_S)
+            self.changed.clear()
+        # Like a container's cgroup going away: nothing of the pod survives its main processes.
+        signal_pod(self.uid, signal.SIGKILL)
+
+    def _kill_all(self, grace: int) -> None:
+        """SIGTERM every process of the pod, SIGKILL what is left after the grace period."""
+        signal_pod(self.uid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(r.popen.poll() is None for r in self.runs.values()):
+            time.sleep(POLL_S)
+        signal_pod(self.uid, signal.SIGKILL)
+
+    def inject_signal(self, signum: int, oom: bool = False) -> None:
+        for run in self.runs.values():
+            run.oom = oom
+            if run.popen.poll() is None:
+                os.killpg(run.popen.pid, signum)
+        if oom:
+            signal_pod(self.uid, signal.SIGKILL)
+
+    def _teardown(self) -> None:
+        if self.sandbox is not None:
+            self.kubelet.network.delete_sandbox(self.sandbox)
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+    def _delete_from_api(self) -> None:
+        """After the processes are gone the kubelet removes the pod for good (grace period 0)."""
+        with self._lock:
+            if self.deleted_from_api or self.removed:
+                return
+            self.deleted_from_api = True
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": self.uid}}
+        try:
+            self.api.delete(pod_path(self.namespace, self.name), body)
+        except ApiError as error:
+            if error.status not in (404, 409):
+                log.warning("pod %s/%s: final delete failed: %s", self.namespace, self.name, error)
+
+    # status -------------------------------------------------------------------------------------
+    def _container_status(self, container: JSON) -> JSON:
+        name = container["name"]
+        run = self.runs.get(name)
+        status: JSON = {"name": name, "image": container.get("image", ""), "imageID": "",
+                        "restartCount": 0, "ready": False, "started": False}
+        if run is None:
+            reason, message = self.waiting
+            status["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+            return status
+        status["containerID"] = f"lab://{self.uid[:8]}-{name}-{run.popen.pid}"
+        status["imageID"] = f"lab://{run.image}"
+        if run.exit_code is None:
+            status.update(ready=True, started=True, state={"running": {"startedAt": run.started_at}})
+            return status
+        reason = "OOMKilled" if run.oom else ("Completed" if run.exit_code == 0 else "Error")
+        status["state"] = {"terminated": {"exitCode": run.exit_code, "reason": reason,
+                                          "startedAt": run.started_at, "finishedAt": run.finished_at,
+                                          "containerID": status["containerID"]}}
+        return status
+
+    def _phase(self) -> str:
+        runs = self.runs.values()
+        if not self.runs or len(self.runs) < len(self.latest["spec"]["containers"]):
+            return "Pending"
+        if any(r.exit_code is None for r in runs):
+            return "Running"
+        return "Succeeded" if all(r.exit_code == 0 for r in runs) else "Failed"
+
+    def _conditions(self, phase: str, containers: list[JSON]) -> list[JSON]:
+        def condition(kind: str, ok: bool, reason: str | None = None) -> JSON:
+            previous = next((c for c in self.latest.get("status", {}).get("conditions") or []
+                             if c["type"] == kind), None)
+            status = "True" if ok else "False"
+            since = previous["lastTransitionTime"] if previous and previous["status"] == status else now()
+            result: JSON = {"type": kind, "status": status, "lastTransitionTime": since,
+                            "lastProbeTime": None}
+            if reason:
+                result["reason"] = reason
+            return result
+
+        unready = [c["name"] for c in containers if not c["ready"]]
+        terminal = phase in ("Succeeded", "Failed")
+        ready_reason = "PodCompleted" if terminal else ("ContainersNotReady" if unready else None)
+        others = [c for c in self.latest.get("status", {}).get("conditions") or []
+                  if c["type"] not in OUR_CONDITIONS]
+        return [
+            *others,
+            condition("PodReadyToStartContainers", self.sandbox is not None and not terminal),
+            condition("Initialized", True),
+            condition("ContainersReady", not unready, ready_reason),
+            condition("Ready", not unready, ready_reason),
+        ]
+
+    def _write_status(self) -> None:
+        containers = [self._container_status(c) for c in self.latest["spec"]["containers"]]
+        phase = self._phase()
+        status: JSON = {
+            "phase": phase, "hostIP": self.node.ip, "hostIPs": [{"ip": self.node.ip}],
+            "conditions": self._conditions(phase, containers), "containerStatuses": containers,
+        }
+        if qos := self.latest.get("status", {}).get("qosClass"):
+            status["qosClass"] = qos  # set by the apiserver at creation; a null would erase it
+        if self.start_time:
+            status["startTime"] = self.start_time
+        if self.sandbox is not None:
+            status.update(podIP=self.sandbox.ip, podIPs=[{"ip": self.sandbox.ip}])
+        deadline = time.monotonic() + STATUS_RETRY_S
+        while True:
+            try:
+                self.latest = self.api.merge_patch(pod_path(self.namespace, self.name, "status"),
+                                                   {"status": status})
+                return
+            except ApiError as error:
+                if error.status == 404:  # a pod already gone has no status to write
+                    return
+                if error.status < 500 or time.monotonic() > deadline:
+                    raise
+            except requests.RequestException:
+                # The apiserver may be restarting (fault injection): keep the transition, retry.
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)

@@ -1,0 +1,144 @@
+"""kubetrain's built-in trainer: DDP/FSDP2, sharded data, atomic resumable checkpoints, Prometheus metrics.
+
+Run it
+------
+One process (CPU or one GPU; no torchrun needed)::
+
+    KUBETRAIN_CONFIG='{"trainer": {"task": "digits", "maxSteps": 200}}' \\
+    KUBETRAIN_CHECKPOINT_DIR=/tmp/ckpt python -m kubetrain_trainer
+
+torchrun on one node, 4 processes (one per GPU, or CPU processes over gloo)::
+
+    KUBETRAIN_CHECKPOINT_DIR=/tmp/ckpt torchrun --nproc-per-node 4 -m kubetrain_trainer
+
+Two nodes (run on each; this is what the operator's pods do, through PET_* variables)::
+
+    PET_NNODES=2 PET_NPROC_PER_NODE=8 PET_RDZV_BACKEND=c10d PET_RDZV_ENDPOINT=job-0.job:29400 \\
+    PET_RDZV_ID=job-uid-0 KUBETRAIN_CHECKPOINT_DIR=/checkpoints torchrun -m kubetrain_trainer
+
+Configuration: ``KUBETRAIN_CONFIG`` (JSON; see :mod:`kubetrain_trainer.config`); tasks and the user
+entrypoint contract: :mod:`kubetrain_trainer.tasks`; metrics: :mod:`kubetrain_trainer.metrics` (each rank
+serves ``KUBETRAIN_METRICS_PORT`` (default 9400) + LOCAL_RANK; 0 disables).
+
+Exit codes (of each worker process)
+-----------------------------------
+- 0: training finished (final checkpoint written).
+- 1: unexpected error (traceback on stderr).
+- 2: invalid configuration (a user error; retrying will not help).
+- 3: preflight failed (devices missing, peers unreachable).
+- 4: loss or gradient NaN/inf for 5 consecutive steps (each such step is skipped and counted).
+- 143: stopped by SIGTERM after saving a checkpoint (a graceful stop, not a crash).
+
+Under torchrun the container's exit code is torchrun's: 0 when every worker exited 0, otherwise 1 (a
+SIGTERM to torchrun also ends in 1). The worker's reason is therefore also written as one JSON line to the
+Kubernetes termination message (``/dev/termination-log``, or ``KUBETRAIN_TERMINATION_LOG``) by local rank 0,
+e.g. ``{"reason": "Stopped", "exitCode": 143, "step": 1200}``; reasons: Stopped, ConfigError,
+PreflightFailed, NonFiniteLoss, Error, and Completed (exit 0, with the final loss and held-out metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Final
+
+import torch
+
+from .config import ConfigError, RunEnv, load_config
+from .distributed import PreflightError, init_distributed, preflight, teardown
+from .gpu import gpu_collector
+from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, StopFlag, log_json, train
+from .metrics import MetricsServer, TrainerMetrics, serve
+from .tasks import TaskContext, build_task
+
+EXIT_ERROR: Final = 1
+EXIT_CONFIG: Final = 2
+EXIT_PREFLIGHT: Final = 3
+TERMINATION_LOG_ENV: Final = "KUBETRAIN_TERMINATION_LOG"
+
+
+def _termination_message(reason: str, code: int, step: int | None, message: str = "", **extra: float) -> None:
+    """Tell Kubernetes why this container ended (it reads the file into the pod status)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    override = os.environ.get(TERMINATION_LOG_ENV)
+    path = Path(override or "/dev/termination-log")
+    if not override and not path.exists():
+        return  # not in a Kubernetes container: nothing would read it
+    # Kubernetes keeps at most 4 KiB of it: keep the message short.
+    record = {"reason": reason, "exitCode": code, "step": step, "message": message[:2000], **extra}
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # The graceful SIGTERM handler is installed when the training loop starts; until then SIGTERM keeps its
+    # default action (exit at once): there is nothing to save yet, and a process blocked in rendezvous or
+    # in loading could not run a Python handler anyway.
+    stop = StopFlag()
+    try:
+        cfg = load_config()
+        run_env = RunEnv.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"kubetrain-trainer: invalid configuration: {exc}", file=sys.stderr)
+        _termination_message("ConfigError", EXIT_CONFIG, None, str(exc))
+        return EXIT_CONFIG
+
+    try:
+        ctx = init_distributed()
+        preflight(ctx)
+    except PreflightError as exc:
+        print(f"kubetrain-trainer: preflight failed: {exc}", file=sys.stderr)
+        _termination_message("PreflightFailed", EXIT_PREFLIGHT, None, str(exc))
+        teardown()
+        return EXIT_PREFLIGHT
+
+    metrics = TrainerMetrics(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size)
+    server: MetricsServer | None = None
+    try:
+        collector = gpu_collector(ctx.device)
+        if collector is not None:
+            metrics.extra_collectors.append(collector)
+        if run_env.metrics_port > 0:
+            server = serve(metrics, run_env.metrics_port + ctx.local_rank)
+        # Identical initial weights on every rank (FSDP2 shards each rank's local copy); afterwards each
+        # rank draws its own random numbers (dropout and the like).
+        torch.manual_seed(cfg.trainer.seed)
+        task = build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options,
+                                      data_dir=Path(cfg.data.path), rank=ctx.rank, world_size=ctx.world_size,
+                                      device=ctx.device))
+        torch.manual_seed(cfg.trainer.seed + ctx.rank)
+        code = train(cfg, ctx, task, metrics, stop)
+        if code == EXIT_STOPPED:
+            _termination_message("Stopped", code, metrics.step, "SIGTERM: checkpoint saved")
+        else:
+            evals = {"evalLoss": metrics.eval_loss} if metrics.eval_loss is not None else {}
+            _termination_message("Completed", code, metrics.step, f"loss {metrics.loss_last:.4g}",
+                                 **evals, **{f"eval{k[:1].upper()}{k[1:]}": v for k, v in metrics.eval_metrics.items()})
+        return code
+    except ConfigError as exc:
+        print(f"kubetrain-trainer: invalid configuration: {exc}", file=sys.stderr)
+        _termination_message("ConfigError", EXIT_CONFIG, metrics.step, str(exc))
+        return EXIT_CONFIG
+    except NonFiniteLossError as exc:
+        print(f"kubetrain-trainer: {exc}", file=sys.stderr)
+        _termination_message("NonFiniteLoss", EXIT_NONFINITE, metrics.step, str(exc))
+        return EXIT_NONFINITE
+    except Exception as exc:
+        traceback.print_exc()
+        _termination_message("Error", EXIT_ERROR, metrics.step, f"{type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+    finally:
+        if server is not None:
+            server.close()
+        teardown()
+        if ctx.is_main:
+            log_json("exit", step=metrics.step)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The training loop: accumulate, reduce, step, log, evaluate, checkpoint, stop gracefully.
+
+One collective per optimizer step carries the summed loss, the stop flag and the gradient norm, so every
+rank agrees on what happened (a SIGTERM that reached one pod, a NaN on one rank) and stops at the same step;
+it is also the one place per step where the CPU waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from .checkpoint import Checkpointer, TrainState
+from .config import Config, ConfigError
+from .data import ResumableDistributedSampler, build_loader
+from .distributed import DistContext
+from .gpu import peak_flops
+from .metrics import TrainerMetrics
+from .parallel import autocast, build_optimizer, grad_sync, lr_at, to_device, wrap_model
+from .tasks import Task
+
+__all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFiniteLossError", "StopFlag", "train"]
+
+EXIT_STOPPED: Final = 143  # 128 + SIGTERM: stopped on request, checkpoint saved; not a crash
+EXIT_NONFINITE: Final = 4
+MAX_CONSECUTIVE_NONFINITE: Final = 5  # skipped steps in a row (NaN/inf loss or gradient) before failing
+# Test hook: "STEP" or "STEP:RANK" makes that rank SIGKILL itself after STEP, in the first torchrun
+# attempt only (TORCHELASTIC_RESTART_COUNT == 0), to prove kill-and-resume without timing races.
+KILL_AT_STEP_ENV: Final = "KUBETRAIN_TEST_KILL_AT_STEP"
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class StopFlag:
+    """Set by SIGTERM; read once per step and agreed across ranks in the step's all-reduce."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.requested = True
+
+
+def log_json(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
+
+
+@dataclass
+class Batches:
+    """An endless stream of micro-batches that tracks epoch and the global data position.
+
+    Map-style datasets (with a sampler) resume at the exact sample. Iterable datasets (no sampler) resume at
+    the start of the checkpoint's epoch; each rank cycles through its own shard, so a rank with less data
+    never leaves its peers waiting in a collective.
+    """
+
+    loader: DataLoader[Any]
+    sampler: ResumableDistributedSampler | None
+    global_batch: int  # samples per micro-step over all ranks
+    dataset_len: int
+    state: TrainState
+    _it: Iterator[Any] | None = None
+
+    def _start_epoch(self, skip: int) -> None:
+        if self.sampler is not None:
+            self.sampler.set_position(self.state.epoch, skip)
+        else:
+            set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.state.epoch)
+        self._it = iter(self.loader)
+
+    def next(self) -> Any:
+        if self._it is None:
+            self._start_epoch(self.state.epoch_samples)
+        assert self._it is not None
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.state.epoch += 1
+            self.state.epoch_samples = 0
+            self._start_epoch(0)
+            batch = next(self._it, None)
+            if batch is None:
+                raise ValueError("this rank's share of the training data is empty: give the dataset at least "
+                                 "one batch per rank (and, for file shards, a file per rank and worker)") from None
+        self.state.epoch_samples = min(self.state.epoch_samples + self.global_batch, self.dataset_len)
+        return batch
+
+
+def plan_total_steps(max_steps: int | None, epochs: int | None, batches_per_epoch: int, accumulation: int) -> int:
+    if max_steps is not None:
+        return max_steps
+    assert epochs is not None
+    return max(epochs * batches_per_epoch // accumulation, 1)
+
+
+def evaluate(
+    model: nn.Module, task: Task, loader: DataLoader[Any], ctx: DistContext, precision: str
+) -> dict[str, float]:
+    """Mean of each eval metric over the whole held-out set (sums and counts all-reduced)."""
+    if task.eval_fn is None:
+        return {}
+    model.eval()
+    sums: dict[str, list[float]] = {}
+    with torch.no_grad(), autocast(precision, ctx.device):
+        for batch in loader:
+            for key, (total, count) in task.eval_fn(model, to_device(batch, ctx.device)).items():
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += total
+                acc[1] += count
+    model.train()
+    keys = sorted(sums)
+    packed = torch.tensor([v for k in keys for v in sums[k]], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(packed)
+    return {k: packed[2 * i].item() / max(packed[2 * i + 1].item(), 1.0) for i, k in enumerate(keys)}
+
+
+def _kill_hook(ctx: DistContext) -> int | None:
+    raw = os.environ.get(KILL_AT_STEP_ENV, "")
+    if not raw or ctx.restart_count != 0:
+        return None
+    step, _, rank = raw.partition(":")
+    return int(step) if int(rank or ctx.world_size - 1) == ctx.rank else None
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    stop: bool
+    data_s: float
+    forward_backward_s: float
+
+
+class Trainer:
+    """One process's share of the job: built from the task, run to the planned step count."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> None:
+        self.cfg, self.tc, self.ctx, self.task, self.metrics, self.stop = cfg, cfg.trainer, ctx, task, metrics, stop
+        self.raw_model = wrap_model(task.model, self.tc, ctx, task.shard_units)
+        self.optimizer = build_optimizer(self.raw_model, self.tc.optimizer, ctx.device)
+        # The compiled module runs the steps; the uncompiled wrapper keeps the plain names checkpoints use.
+        self.model: nn.Module = (torch.compile(self.raw_model) if self.tc.compile  # type: ignore[assignment]
+                                 else self.raw_model)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.tc.precision == "fp16" and ctx.device.type == "cuda")
+        self.ckpt = Checkpointer(Path(cfg.checkpoint.path), cfg.checkpoint.keep, ctx.rank, ctx.world_size)
+        self.state = self._restore()
+        self.last_saved = self.state.step if metrics.resumed_from_step >= 0 else -1
+        self._build_data()
+        self.samples_per_step = self.tc.batch_size * ctx.world_size * self.tc.grad_accumulation
+        cuda = ctx.device.type == "cuda"
+        self.peak = peak_flops(torch.cuda.get_device_name(ctx.device)) if cuda else None
+        self.kill_at = _kill_hook(ctx)
+
+    def _restore(self) -> TrainState:
+        """Resume from the newest complete checkpoint, if any and if allowed."""
+        self.ckpt.prepare()
+        state = TrainState(world_size=self.ctx.world_size, seed=self.tc.seed)
+        latest = self.ckpt.latest() if self.cfg.checkpoint.resume else None
+        if latest is not None:
+            state = self.ckpt.load(latest[1], self.raw_model, self.optimizer)
+            self.metrics.resumed_from_step = self.metrics.checkpoint_last_step = state.step
+            if state.last_loss is not None:
+                self.metrics.loss_last = state.last_loss
+            if self.ctx.is_main:
+                log_json("resume", step=state.step, epoch=state.epoch, checkpoint=str(latest[1]),
+                         saved_world_size=state.world_size, world_size=self.ctx.world_size)
+        state.world_size, state.seed = self.ctx.world_size, self.tc.seed
+        return state
+
+    def _build_data(self) -> None:
+        tc, ctx, data, task = self.tc, self.ctx, self.cfg.data, self.task
+        pin = ctx.device.type == "cuda"
+        sampler: ResumableDistributedSampler | None = None
+        if isinstance(task.train_dataset, IterableDataset):
+            if tc.max_steps is None:
+                raise ConfigError("trainer.epochs: an iterable (file-sharded) dataset has no known length; "
+                                  "set maxSteps")
+            train_len, self.batches_per_epoch = 0, -1  # unknown: the dataset shards itself
+        else:
+            train_len = len(task.train_dataset)  # type: ignore[arg-type]
+            sampler = ResumableDistributedSampler(task.train_dataset, ctx.world_size, ctx.rank, tc.seed,
+                                                  drop_last=data.drop_last)
+            per_rank = len(sampler)
+            self.batches_per_epoch = (per_rank // tc.batch_size if data.drop_last
+                                      else math.ceil(per_rank / tc.batch_size))
+        loader = build_loader(task.train_dataset, sampler, batch_size=tc.batch_size, workers=data.workers,
+                              prefetch_factor=data.prefetch_factor, drop_last=data.drop_last, pin_memory=pin,
+                              collate_fn=task.collate_fn)
+        if self.batches_per_epoch == 0:
+            raise ConfigError(f"the training set ({train_len} samples) is smaller than one global batch "
+                             f"({tc.batch_size} x {ctx.world_size} ranks)")
+        self.total = plan_total_steps(tc.max_steps, tc.epochs, self.batches_per_epoch, tc.grad_accumulation)
+        # For an iterable dataset the position is not tracked (dataset_len 0): it resumes at its epoch start.
+        self.stream = Batches(loader, sampler, tc.batch_size * ctx.world_size, train_len, self.state)
+        self.eval_loader: DataLoader[Any] | None = None
+        if task.eval_dataset is not None and task.eval_fn is not None:
+            # Padded (drop_last False) so that every rank runs as many eval batches: FSDP needs it.
+            eval_sampler = ResumableDistributedSampler(task.eval_dataset, ctx.world_size, ctx.rank, 0,
+                                                       shuffle=False, drop_last=False)
+            self.eval_loader = build_loader(task.eval_dataset, eval_sampler, batch_size=tc.batch_size, workers=0,
+                                            prefetch_factor=2, drop_last=False, pin_memory=pin,
+                                            collate_fn=task.collate_fn)
+
+    def run(self) -> int:
+        """Train to the planned step; returns 0, or :data:`EXIT_STOPPED` after a graceful stop."""
+        m, state = self.metrics, self.state
+        m.total_steps, m.step, m.epoch = self.total, state.step, state.epoch
+        m.samples_total, m.tokens_total, m.model_flops_total = (state.samples_total, state.tokens_total,
+                                                                state.flops_total)
+        if self.ctx.is_main:
+            log_json("start", total_steps=self.total, step=state.step, world_size=self.ctx.world_size,
+                     strategy=self.tc.strategy, device=str(self.ctx.device),
+                     batches_per_epoch=self.batches_per_epoch, samples_per_step=self.samples_per_step)
+        self.model.train()
+        self.stop.install()
+        consecutive_bad = 0
+        self.window_start, self.window_samples = time.monotonic(), 0
+        while state.step < self.total:
+            step_start = time.monotonic()
+            result = self._forward_backward()
+            t_opt = time.monotonic()
+            if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):
+                consecutive_bad += 1
+                self._skip_step(result, consecutive_bad)
+                continue
+            consecutive_bad = 0
+            lr = self._optimizer_step()
+            now = time.monotonic()
+            _record(m, state, result, lr=lr, step_s=now - step_start, opt_s=now - t_opt)
+            if self._after_step(result, lr, now):
+                return EXIT_STOPPED
+        self._evaluate()
+        if self.last_saved != state.step:
+            self._save()
+        if self.ctx.is_main:
+            log_json("done", step=state.step, loss=m.loss_last, eval_loss=m.eval_loss,
+                     **{f"eval_{k}": v for k, v in m.eval_metrics.items()})
+        return 0
+
+    def _forward_backward(self) -> StepResult:
+        """Accumulate gradients over the micro-batches, then agree with every rank on loss, norm and stop."""
+        tc, device = self.tc, self.ctx.device
+        loss_sum = torch.zeros((), device=device)
+        data_s = fb_s = 0.0
+        for micro in range(tc.grad_accumulation):
+            t0 = time.monotonic()
+            batch = to_device(self.stream.next(), device)
+            t1 = time.monotonic()
+            last = micro == tc.grad_accumulation - 1
+            with grad_sync(self.raw_model, last), autocast(tc.precision, device):
+                loss = self.task.loss_fn(self.model, batch) / tc.grad_accumulation
+            scaled: torch.Tensor = self.scaler.scale(loss)  # unchanged unless fp16 on GPU
+            torch.autograd.backward(scaled)
+            loss_sum += loss.detach().float()
+            data_s += t1 - t0
+            fb_s += time.monotonic() - t1
+        self.scaler.unscale_(self.optimizer)
+        clip = tc.grad_clip if tc.grad_clip > 0 else math.inf  # inf: measure the norm, change nothing
+        norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor norm over the shards
+            norm = norm.full_tensor()
+        stop = torch.tensor(float(self.stop.requested), device=device)
+        packed = torch.stack([loss_sum, stop, norm.float()])
+        dist.all_reduce(packed)
+        loss_val, stop_votes, grad_norm = packed.tolist()  # the step's one CPU-GPU synchronisation
+        world = self.ctx.world_size
+        return StepResult(loss_val / world, grad_norm / world, stop_votes > 0, data_s, fb_s)
+
+    def _skip_step(self, result: StepResult, consecutive: int) -> None:
+        """Drop a NaN/inf update (the weights stay finite), count it, fail after too many in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()
+        self.metrics.nonfinite_total += 1
+        if self.ctx.is_main:
+            log_json("nonfinite", step=self.state.step, loss=result.loss, grad_norm=result.grad_norm,
+                     consecutive=consecutive)
+        if consecutive >= MAX_CONSECUTIVE_NONFINITE:
+            raise NonFiniteLossError(f"loss or gradient was NaN/inf for {consecutive} consecutive steps at step "
+                                     f"{self.state.step}; lower the learning rate or check the data")
+
+    def _optimizer_step(self) -> float:
+        state = self.state
+        lr = lr_at(state.step, self.tc.optimizer.lr, self.tc.warmup_steps, self.total, self.tc.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # set_to_none frees gradient memory and skips a memset; the next backward allocates fresh.
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.samples_total += self.samples_per_step
+        state.tokens_total += self.samples_per_step * self.task.tokens_per_sample
+        state.flops_total += self.samples_per_step * self.task.flops_per_sample
+        return lr
+
+    def _after_step(self, result: StepResult, lr: float, now: float) -> bool:
+        """Log, evaluate, checkpoint; True when the job must stop now (SIGTERM somewhere)."""
+        step, tc, m = self.state.step, self.tc, self.metrics
+        self.window_samples += self.samples_per_step
+        if step % tc.log_every_steps == 0 or step == self.total:
+            m.samples_per_second = self.window_samples / max(now - self.window_start, 1e-9)
+            if self.peak is not None and self.task.flops_per_sample:
+                m.mfu = m.samples_per_second * self.task.flops_per_sample / (self.ctx.world_size * self.peak)
+            self.window_start, self.window_samples = now, 0
+            if self.ctx.is_main:
+                log_json("step", step=step, total_steps=self.total, epoch=self.state.epoch,
+                         loss=round(result.loss, 6), lr=lr, grad_norm=round(result.grad_norm, 4),
+                         samples_per_s=round(m.samples_per_second, 1),
+                         **({"mfu": round(m.mfu, 4)} if m.mfu is not None else {}))
+        if tc.eval_every_steps and step % tc.eval_every_steps == 0 and step < self.total:
+            self._evaluate()
+        every = self.cfg.checkpoint.every_steps
+        if result.stop or (every and step % every == 0):
+            self._save()
+        if result.stop:
+            if self.ctx.is_main:
+                log_json("stopped", step=step, reason="SIGTERM", exit_code=EXIT_STOPPED)
+            return True
+        if self.kill_at is not None and step == self.kill_at:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return False
+
+    def _save(self) -> None:
+        seconds = self.ckpt.save(self.raw_model, self.optimizer, self.state)
+        self.last_saved = self.state.step
+        self.metrics.checkpoint_duration.observe(seconds)
+        self.metrics.phase_seconds["checkpoint"] += seconds
+        self.metrics.checkpoint_last_step = self.state.step
+        if self.ctx.is_main:
+            log_json("checkpoint", step=self.state.step, seconds=round(seconds, 3))
+
+    def _evaluate(self) -> None:
+        if self.eval_loader is None:
+            return
+        results = evaluate(self.model, self.task, self.eval_loader, self.ctx, self.tc.precision)
+        self.metrics.eval_loss = results.get("loss")
+        self.metrics.eval_metrics = {k: v for k, v in results.items() if k != "loss"}
+        if self.ctx.is_main:
+            log_json("eval", step=self.state.step, **{k: round(v, 5) for k, v in results.items()})
+
+
+def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> int:
+    """Run the job's training on this process; returns 0 or :data:`EXIT_STOPPED`."""
+    return Trainer(cfg, ctx, task, metrics, stop).run()
+
+
+def _record(m: TrainerMetrics, state: TrainState, result: StepResult, *, lr: float, step_s: float,
+            opt_s: float) -> None:
+    m.step, m.epoch = state.step, state.epoch
+    m.loss_last, m.learning_rate, m.grad_norm = result.loss, lr, result.grad_norm
+    state.last_loss = result.loss
+    m.loss_sum += result.loss
+    m.loss_count += 1
+    m.samples_total, m.tokens_total, m.model_flops_total = state.samples_total, state.tokens_total, state.flops_total
+    m.last_step_timestamp = time.time()
+    m.step_duration.observe(step_s)
+    m.phase_seconds["data_wait"] += result.data_s
+    m.phase_seconds["forward_backward"] += result.forward_backward_s
+    m.phase_seconds["optimizer"] += opt_s
