@@ -89,7 +89,7 @@ def test_deleting_the_owner_collects_its_pods(lab: Lab, namespace: str) -> None:
     pids = lab.pod_processes(namespace, "owned")
 
     lab.api.delete(f"/api/v1/namespaces/{namespace}/configmaps/owner")
-    wait_pod_gone(lab.api, namespace, "owned", timeout=60)
+    wait_pod_gone(lab.api, namespace, "owned", timeout=120)
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert get_pod(lab.api, namespace, "owned") is None
 

@@ -31,7 +31,7 @@ def test_prometheus_scrapes_a_pod_metrics_port(lab: Lab, namespace: str) -> None
     wait_pod(lab.api, namespace, "exporter", ("Running",))
     rule = {"name": "lab", "rules": [{"record": "lab:answer:doubled", "expr": "lab_answer * 2"}]}
     with start_prometheus(lab, rules=[rule]) as prometheus:
-        result = prometheus.wait_for(f'lab_answer{{namespace="{namespace}", pod="exporter"}}', timeout=60)
+        result = prometheus.wait_for(f'lab_answer{{namespace="{namespace}", pod="exporter"}}', timeout=120)
         assert result[0]["value"][1] == "42"
         assert result[0]["metric"]["app"] == "exporter"
         doubled = prometheus.wait_for(f'lab:answer:doubled{{namespace="{namespace}"}}', timeout=30)

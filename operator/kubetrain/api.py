@@ -96,6 +96,9 @@ class ENV:
     METRICS_PORT: Final = "KUBETRAIN_METRICS_PORT"
     CHECKPOINT_DIR: Final = "KUBETRAIN_CHECKPOINT_DIR"
     DATA_DIR: Final = "KUBETRAIN_DATA_DIR"
+    # torch 2.x reuses one TCPStore across torchrun's in-place restarts; restarted workers then read
+    # their dead predecessors' addresses and fail to connect. A fresh store per round avoids it.
+    NO_SHARED_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 # Users may not set these: they would break rendezvous or the rank arithmetic.

@@ -80,6 +80,7 @@ def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metric
             # Each agent's ranks get their own ports: base + node * procs + local rank.
             api.ENV.METRICS_PORT: str(metrics_port + index * spec.procs_per_node),
             "KUBETRAIN_TERMINATION_LOG": str(log_dir / f"node-{index}.termination"),
+            api.ENV.NO_SHARED_STORE: "1",
         }
         env |= {e["name"]: e["value"] for e in spec.env if "value" in e}
         environments.append(env)

@@ -97,6 +97,7 @@ def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
         api.ENV.RDZV_ENDPOINT: f"{pod_name(job.name, 0)}.{job.name}:{api.RENDEZVOUS_PORT}",
         api.ENV.RDZV_ID: rendezvous_id(job, attempt),
         api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.NO_SHARED_STORE: "1",
         api.ENV.JOB_NAME: job.name,
         api.ENV.NODE_INDEX: str(index),
         api.ENV.ATTEMPT: str(attempt),

@@ -64,7 +64,8 @@ def _build_module(key: str, module: GoModule, names: list[str]) -> None:
         *(module.packages[name] for name in names),
     ]
     env = {**os.environ, "CGO_ENABLED": "0"}
-    _log(f"building {', '.join(names)} {module.version} (cold: 15-30 min on 2 cores)")
+    _log(f"building {', '.join(names)} {module.version} "
+         "(cold: Kubernetes 15-30 min on 2 cores, etcd and helm a few minutes)")
     started = time.monotonic()
     done = threading.Event()
 

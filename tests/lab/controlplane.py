@@ -16,7 +16,7 @@ from tests.lab.procs import ManagedProcess, free_port, wait_for
 SERVICE_CIDR = "10.0.0.0/24"
 # Short, so that a node whose heartbeats stop turns NotReady within ~20 s (kubelet default: 40 s).
 NODE_MONITOR_GRACE = "16s"
-APISERVER_READY_TIMEOUT = 90.0
+APISERVER_READY_TIMEOUT = 180.0
 
 
 @dataclass
@@ -97,9 +97,13 @@ class ControlPlane:
         wait_for(lambda: self._https_ok("/readyz", proc), APISERVER_READY_TIMEOUT, "kube-apiserver /readyz",
                  interval=0.25)
 
-    def restart_apiserver(self) -> None:
-        """Fault injection: stop the apiserver (clients see connection errors), start it again."""
-        self.processes["kube-apiserver"].stop()
+    def restart_apiserver(self, grace: float = 2.0) -> None:
+        """Fault injection: stop the apiserver (clients see connection errors), start it again.
+
+        The grace is short: a graceful apiserver shutdown drains watches for up to a minute, and a restart
+        longer than the node monitor grace period would also make every node NotReady.
+        """
+        self.processes["kube-apiserver"].stop(grace)
         self.start_apiserver()
 
     # controllers --------------------------------------------------------------------------------
@@ -146,7 +150,7 @@ class ControlPlane:
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.get(name)
             if proc is not None:
-                proc.stop()
+                proc.stop(grace=5)
         data = getattr(self, "etcd_data", None)
         if data is not None and data.exists():
             import shutil

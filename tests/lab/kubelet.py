@@ -37,6 +37,7 @@ class NodeInfo:
     pod_cidr: str
     allocatable: dict[str, str]
     paused: bool = False
+    heartbeat_failed: bool = False
     last_status: float = 0.0
     uid: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
@@ -161,9 +162,13 @@ class Kubelet:
                     continue
                 try:
                     self._renew_lease(node)
-                    if datetime.datetime.now().timestamp() - node.last_status > NODE_STATUS_S:
+                    # After a failed heartbeat, post Ready at once: the node may have been marked Unknown.
+                    stale = datetime.datetime.now().timestamp() - node.last_status > NODE_STATUS_S
+                    if stale or node.heartbeat_failed:
                         self._post_node_status(node)
+                    node.heartbeat_failed = False
                 except (ApiError, requests.RequestException) as error:
+                    node.heartbeat_failed = True
                     log.warning("node %s: heartbeat failed: %s", node.name, error)
 
     def pause_node(self, name: str) -> None:

@@ -80,7 +80,7 @@ class Lab:
         self.kubelet = Kubelet(self.admin_rest, self.network, self.run_dir, self.images,
                                nodes=self.node_count, gpus_per_node=self.gpus_per_node)
         self.kubelet.start()
-        wait_for(self._nodes_schedulable, 60, "lab nodes to lose the not-ready taint", interval=0.25)
+        self.wait_nodes_ready(120)
         self.wait_service_account("default")
 
     def admin_rest(self) -> Rest:
@@ -119,11 +119,13 @@ class Lab:
     # readiness ----------------------------------------------------------------------------------
     def _nodes_schedulable(self) -> bool:
         nodes = self.api.get("/api/v1/nodes", labelSelector="kubetrain.dev/lab=true")["items"]
+        unhealthy = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
         return len(nodes) == self.node_count and all(
-            not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])
+            not any(t["key"] in unhealthy for t in n["spec"].get("taints") or [])
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
             for n in nodes)
 
-    def wait_service_account(self, namespace: str, name: str = "default", timeout: float = 60) -> None:
+    def wait_service_account(self, namespace: str, name: str = "default", timeout: float = 120) -> None:
         def exists() -> bool:
             try:
                 self.api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
@@ -190,7 +192,7 @@ class Lab:
                                 token=answer["status"]["token"], namespace=namespace)
 
     def create_volume(self, namespace: str, claim: str, size: str = "1Gi",
-                      access_modes: tuple[str, ...] = ("ReadWriteMany",), timeout: float = 60) -> Path:
+                      access_modes: tuple[str, ...] = ("ReadWriteMany",), timeout: float = 120) -> Path:
         """A hostPath PersistentVolume pre-bound to a new claim; returns the host directory behind it."""
         host_dir = self.run_dir / "volumes" / f"{namespace}-{claim}"
         host_dir.mkdir(parents=True, exist_ok=True)
@@ -240,11 +242,20 @@ class Lab:
     def stop_node_heartbeats(self, node: str) -> None:
         self._kubelet.pause_node(node)
 
-    def resume_node_heartbeats(self, node: str) -> None:
+    def resume_node_heartbeats(self, node: str, wait_ready: bool = True) -> None:
         self._kubelet.resume_node(node)
+        if wait_ready:
+            self.wait_nodes_ready()
 
-    def restart_apiserver(self) -> None:
+    def restart_apiserver(self, wait_nodes_ready: bool = True) -> None:
+        """Stop and start kube-apiserver; by default return once every node is Ready and untainted again."""
         self.cp.restart_apiserver()
+        if wait_nodes_ready:
+            self.wait_nodes_ready()
+
+    def wait_nodes_ready(self, timeout: float = 90) -> None:
+        """Every lab node Ready, without the not-ready/unreachable taints (e.g. after heartbeats resume)."""
+        wait_for(self._nodes_schedulable, timeout, "lab nodes to be Ready and untainted", interval=0.25)
 
     def node(self, name: str) -> JSON:
         return self.api.get(f"/api/v1/nodes/{name}")

@@ -51,7 +51,7 @@ def get_pod(api: Rest, namespace: str, name: str) -> JSON | None:
 
 
 def wait_pod(api: Rest, namespace: str, name: str, phases: tuple[str, ...] = TERMINAL,
-             timeout: float = 60) -> JSON:
+             timeout: float = 120) -> JSON:
     """Poll until the pod's phase is one of ``phases``; fail fast if it ends in another terminal phase."""
     deadline = time.monotonic() + timeout
     pod: JSON | None = None
@@ -67,7 +67,7 @@ def wait_pod(api: Rest, namespace: str, name: str, phases: tuple[str, ...] = TER
     raise TimeoutError(f"pod {namespace}/{name} not in {phases} after {timeout} s: {pod}")
 
 
-def wait_pod_gone(api: Rest, namespace: str, name: str, timeout: float = 60) -> None:
+def wait_pod_gone(api: Rest, namespace: str, name: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while get_pod(api, namespace, name) is not None:
         if time.monotonic() > deadline:

@@ -128,7 +128,7 @@ class Prometheus:
         response.raise_for_status()
         return list(response.json()["data"]["result"])
 
-    def wait_for(self, promql: str, timeout: float = 60) -> list[dict[str, Any]]:
+    def wait_for(self, promql: str, timeout: float = 120) -> list[dict[str, Any]]:
         """Poll until the query returns something."""
         deadline = time.monotonic() + timeout
         while not (result := self.query(promql)):
