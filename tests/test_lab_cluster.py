@@ -23,7 +23,7 @@ def test_apiserver_reports_the_built_version(lab: Lab) -> None:
     assert lab.kubectl("version", "-o", "json").returncode == 0
     from kubernetes import client
     nodes = client.CoreV1Api(lab.api_client()).list_node().items
-    assert sorted(n.metadata.name for n in nodes if n.metadata) == sorted(lab.node_names)
+    assert sorted(str(n.metadata.name) for n in nodes if n.metadata) == sorted(lab.node_names)
 
 
 def test_restricted_token_cannot_read_secrets(lab: Lab, namespace: str) -> None:

@@ -157,6 +157,18 @@ def test_user_env_volumes_and_scheduling_are_passed_through() -> None:
     assert {"key": "dedicated", "operator": "Exists"} in spec["tolerations"]
 
 
+def test_multi_node_pods_prefer_separate_machines_unless_affinity_is_given() -> None:
+    pod = build_pod(_job(base_job()), 0, 0)
+    term = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    document = base_job()
+    document["spec"]["scheduling"] = {"affinity": {"nodeAffinity": {}}}
+    assert build_pod(_job(document), 0, 0)["spec"]["affinity"] == {"nodeAffinity": {}}
+    single = base_job()
+    single["spec"]["nodes"] = 1
+    assert "affinity" not in build_pod(_job(single), 0, 0)["spec"]
+
+
 def test_node_loss_toleration_follows_the_policy() -> None:
     document = base_job()
     document["spec"]["failurePolicy"] = {"nodeLostTimeoutSeconds": 15}

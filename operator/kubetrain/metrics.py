@@ -38,3 +38,12 @@ def set_job_phases(phases: Mapping[str, str]) -> None:
     tally = Tally(phases.values())
     for phase in Phase:
         JOBS.labels(phase=str(phase)).set(tally.get(str(phase), 0))
+
+
+# Labelled series exist from the start (at zero), so dashboards and alerts see "no errors" rather
+# than "no data", and rate() has a baseline when the first error comes.
+for _trigger in ("job", "pod", "timer"):
+    RECONCILE_ERRORS.labels(handler=_trigger)
+    RECONCILE_DURATION.labels(handler=_trigger)
+for _reason in ("PodFailed", "Disrupted", "NoHeartbeat", "Scaled", "OOMKilled"):
+    RESTARTS.labels(reason=_reason)

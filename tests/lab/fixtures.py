@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.lab import LAB_HOME, Lab
+from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
 from tests.lab.procs import wait_for
 from tests.lab.rest import ApiError
 
@@ -26,6 +26,7 @@ GRACEFUL_POD_DELETE_S = 15
 def lab() -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
+    prune_run_dirs("pytest-")
     run_dir = LAB_HOME / f"pytest-{os.getpid()}"
     shutil.rmtree(run_dir, ignore_errors=True)
     the_lab = Lab(run_dir, nodes=int(os.environ.get("KUBETRAIN_LAB_NODES", "2")),

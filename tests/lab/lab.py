@@ -111,7 +111,8 @@ class Lab:
             except Exception as error:  # keep tearing down; report everything at the end
                 log.exception("lab: stopping %s failed", name)
                 errors.append(f"{name}: {error}")
-        shutil.rmtree(Path("/dev/shm") / f"kubetrain-lab-{self.run_dir.name}", ignore_errors=True)
+        for shm in _shm_dirs(self.run_dir):
+            shutil.rmtree(shm, ignore_errors=True)
         (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         if errors:
             raise RuntimeError("lab teardown was incomplete: " + "; ".join(errors))
@@ -276,7 +277,21 @@ def cleanup_stale(home: Path = LAB_HOME) -> None:
         for proc in _processes_of_run(state_file.parent):
             kill_tree(proc.pid, grace=2)
         remove_network(int(state["network"]))
+        for shm in _shm_dirs(state_file.parent):
+            shutil.rmtree(shm, ignore_errors=True)
         state_file.unlink(missing_ok=True)
+
+
+def _shm_dirs(run_dir: Path) -> list[Path]:
+    """What a lab keeps on /dev/shm: etcd's data and memory-backed emptyDirs."""
+    return [Path("/dev/shm") / f"kubetrain-lab-etcd-{run_dir.name}", Path("/dev/shm") / f"kubetrain-lab-{run_dir.name}"]
+
+
+def prune_run_dirs(prefix: str, keep: int = 3, home: Path = LAB_HOME) -> None:
+    """Remove the run dirs of finished labs named ``prefix*``, keeping the newest ``keep`` for their logs."""
+    finished = [d for d in home.glob(f"{prefix}*") if d.is_dir() and not (d / STATE_FILE).exists()]
+    for old in sorted(finished, key=lambda d: d.stat().st_mtime)[:-keep or None]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _processes_of_run(run_dir: Path) -> list[psutil.Process]:

@@ -118,6 +118,7 @@ def main() -> int:
         else:
             evals = {"evalLoss": metrics.eval_loss} if metrics.eval_loss is not None else {}
             _termination_message("Completed", code, metrics.step, f"loss {metrics.loss_last:.4g}",
+                                 loss=metrics.loss_last,
                                  **evals, **{f"eval{k[:1].upper()}{k[1:]}": v for k, v in metrics.eval_metrics.items()})
         return code
     except ConfigError as exc:
