@@ -25,6 +25,7 @@ def base_job() -> dict[str, Json]:
             "procsPerNode": 2,
             "resources": {"cpu": "1", "memory": "1Gi"},
             "trainer": {"task": "digits", "maxSteps": 10},
+            "checkpoint": {"claimName": "checkpoints"},
         },
     }
 
@@ -109,8 +110,9 @@ INVALID: list[Case] = [
          "spec.volumeMounts[0].mountPath"),
     Case("mount-of-unknown-volume", _set("spec.volumeMounts", [{"name": "nope", "mountPath": "/nope"}]),
          "spec.volumeMounts"),
-    Case("relative-checkpoint-path", _set("spec.checkpoint", {"path": "ckpt"}), "spec.checkpoint.path"),
-    Case("zero-checkpoint-interval", _set("spec.checkpoint", {"everySteps": 0}), "spec.checkpoint.everySteps"),
+    Case("relative-checkpoint-path", _set("spec.checkpoint.path", "ckpt"), "spec.checkpoint.path"),
+    Case("zero-checkpoint-interval", _set("spec.checkpoint.everySteps", 0), "spec.checkpoint.everySteps"),
+    Case("multi-node-without-shared-checkpoints", _delete("spec.checkpoint.claimName"), "spec.checkpoint.claimName"),
     Case("negative-backoff", _set("spec.failurePolicy", {"backoffLimit": -1}), "spec.failurePolicy.backoffLimit"),
     Case("huge-stall-timeout", _set("spec.failurePolicy", {"stallTimeoutSeconds": 10**7}),
          "spec.failurePolicy.stallTimeoutSeconds"),

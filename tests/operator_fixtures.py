@@ -129,9 +129,11 @@ def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:
 
 @pytest.fixture(scope="session")
 def operator(lab: Lab, crd: Path) -> Iterator[OperatorProcess]:
-    """The operator watching all namespaces, with the chart's cluster-wide identity."""
+    """The operator with the chart's cluster-wide identity, watching the test namespaces."""
     _, kubeconfig = install_identity(lab)
-    process = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--all-namespaces",))
+    # Test namespaces only (the namespace fixture names them test-...): the end-to-end tests run an
+    # operator of their own, installed by helm, for their namespaces.
+    process = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--namespace=test-*",))
     process.start()
     try:
         yield process

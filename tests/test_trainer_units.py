@@ -203,6 +203,8 @@ def test_the_endpoint_serves_the_values_the_loop_set() -> None:
     port = free_port_base(1)
     server = serve(m, port)
     try:
+        assert "trainer_steps_total" not in scrape(port), "no progress before the run restored its checkpoint"
+        m.started = True
         samples = scrape(port)
     finally:
         server.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import ssl
 import urllib.error
 import urllib.request
@@ -153,5 +154,4 @@ class ControlPlane:
                 proc.stop(grace=5)
         data = getattr(self, "etcd_data", None)
         if data is not None and data.exists():
-            import shutil
             shutil.rmtree(data, ignore_errors=True)

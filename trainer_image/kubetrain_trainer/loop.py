@@ -164,6 +164,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.tc.precision == "fp16" and ctx.device.type == "cuda")
         self.ckpt = Checkpointer(Path(cfg.checkpoint.path), cfg.checkpoint.keep, ctx.rank, ctx.world_size)
         self.state = self._restore()
+        metrics.step = self.state.step
+        metrics.started = True
         self.last_saved = self.state.step if metrics.resumed_from_step >= 0 else -1
         self._build_data()
         self.samples_per_step = self.tc.batch_size * ctx.world_size * self.tc.grad_accumulation

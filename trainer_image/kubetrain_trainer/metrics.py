@@ -118,6 +118,9 @@ class TrainerMetrics:
     step_duration: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
     checkpoint_duration: Histogram = field(default_factory=lambda: Histogram(CHECKPOINT_BUCKETS))
     extra_collectors: list[Callable[[list[str], list[str]], Iterable[Any]]] = field(default_factory=list)
+    # False until the run has restored its checkpoint: before that, step 0 and "no resume" would be
+    # reported (and read by the operator) for a run that is about to continue from step N.
+    started: bool = False
 
     def describe(self) -> Iterable[Any]:
         # Empty: the registry then skips calling collect() at registration time.
@@ -136,6 +139,8 @@ class TrainerMetrics:
             c.add_metric(values, value)
             return c
 
+        if not self.started:
+            return
         yield counter("trainer_steps", "Optimizer steps of the job (continues after resume).", self.step)
         yield gauge("trainer_step", "Current optimizer step of the job.", self.step)
         yield gauge("trainer_total_steps", "Planned optimizer steps of the run.", self.total_steps)

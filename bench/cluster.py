@@ -1,0 +1,316 @@
+"""The operator on the lab (a real control plane and process kubelet, see docs/lab.md): how fast it gets a
+job's pods running, how fast it restarts a gang, and how much memory it holds, each against a baseline
+measured on the same lab in the same run: bare pods, the job's own first start, a bare kopf process.
+
+One lab serves every benchmark here: started on first use (2 nodes, the CRD applied, the operator running
+as a process with the chart's identity, as the operator tests run it) and stopped when the run ends, on
+errors too (:meth:`bench.registry.Context.close`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.registry import Benchmark, Context, FigureSpec
+from bench.report import Figure, Goal, median, percentile
+
+__all__ = ["BENCHMARKS", "Cluster", "cluster"]
+
+Json = Any
+REPO = Path(__file__).resolve().parent.parent
+CRD = REPO / "crds" / "trainingjobs.kubetrain.io.yaml"
+POLL_S = 0.05
+SLEEPER = "import time; time.sleep(600)"  # a worker that runs until it is stopped
+RUN_DIR_PREFIX = "bench-"
+
+
+class Cluster:
+    """The lab with the CRD and the operator; :meth:`stop` leaves nothing running."""
+
+    def __init__(self, ctx: Context) -> None:
+        from tests.lab.lab import LAB_HOME
+
+        self.ctx = ctx
+        self.run_dir = LAB_HOME / f"{RUN_DIR_PREFIX}{os.getpid()}"
+        self.lab: Any = None
+        self.operator: Any = None
+
+    def start(self) -> None:
+        from tests.lab.lab import LAB_HOME, Lab
+        from tests.operator_fixtures import OperatorProcess, install_identity
+
+        _prune_old_run_dirs(LAB_HOME)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.ctx.log(f"starting the lab (2 nodes) in {self.run_dir}")
+        started = time.monotonic()
+        self.lab = Lab(self.run_dir, nodes=2, gpus_per_node=0)
+        self.lab.start()  # stops what it started if it fails
+        self.lab.kubectl("apply", "--server-side", "-f", str(CRD))
+        self.lab.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+        _, kubeconfig = install_identity(self.lab)
+        self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",))
+        self.operator.start()
+        self.ctx.log(f"lab and operator up in {time.monotonic() - started:.0f} s")
+
+    def stop(self) -> None:
+        try:
+            if self.operator is not None:
+                self.operator.stop()
+        finally:
+            if self.lab is not None:
+                self.ctx.log("stopping the lab")
+                self.lab.stop()
+
+    # namespaces and objects ------------------------------------------------------------------------
+    def namespace(self, prefix: str) -> str:
+        name = f"bench-{prefix}-{uuid.uuid4().hex[:5]}"
+        self.lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.lab.wait_service_account(name)
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        from tests.lab.fixtures import delete_namespace
+
+        delete_namespace(self.lab, name)
+
+    def pods(self, namespace: str, selector: str) -> list[Json]:
+        pods: list[Json] = self.lab.api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)["items"]
+        return pods
+
+    def wait_running(self, namespace: str, selector: str, count: int, timeout: float = 120,
+                     accept: Callable[[Json], bool] = lambda _: True) -> float:
+        """Poll until ``count`` accepted pods match ``selector``, all Running; returns time.monotonic() then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = [p for p in self.pods(namespace, selector)
+                    if accept(p) and not p["metadata"].get("deletionTimestamp")]
+            if len(pods) == count and all(p.get("status", {}).get("phase") == "Running" for p in pods):
+                return time.monotonic()
+            if time.monotonic() > deadline:
+                phases = {p["metadata"]["name"]: p.get("status", {}).get("phase") for p in pods}
+                raise TimeoutError(f"{count} pods {selector} Running in {namespace}: not after {timeout} s; "
+                                   f"saw {phases}")
+            time.sleep(POLL_S)
+
+    def delete_pods(self, namespace: str, selector: str) -> None:
+        """Delete the pods of ``selector`` at once (not waiting for the garbage collector)."""
+        self.lab.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
+
+    def wait_no_pods(self, namespace: str, selector: str, timeout: float = 60) -> None:
+        """Every pod of ``selector`` gone from the API and its processes stopped by the kubelet."""
+        deadline = time.monotonic() + timeout
+        while self.pods(namespace, selector):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods {selector} in {namespace} still there after {timeout} s")
+            time.sleep(0.2)
+        self.lab.wait_pods_stopped(namespace, timeout=timeout)
+
+
+def cluster(ctx: Context) -> Cluster:
+    """The run's one lab, started on first use; stopped by ``ctx.close()``."""
+    found = ctx.cache.get("cluster")
+    if found is None:
+        if os.geteuid() != 0:
+            raise RuntimeError("the lab needs root (network namespaces, a bridge, mounts)")
+        found = Cluster(ctx)
+        ctx.cache["cluster"] = found
+        ctx.on_close(found.stop)
+        found.start()
+    assert isinstance(found, Cluster)
+    return found
+
+
+def _prune_old_run_dirs(home: Path, keep: int = 2) -> None:
+    """Remove run directories of earlier benchmark labs that ended (no state file), keeping the newest few
+    for their logs."""
+    finished = [d for d in home.glob(f"{RUN_DIR_PREFIX}*") if d.is_dir() and not (d / "state.json").exists()]
+    for old in sorted(finished, key=lambda d: d.stat().st_mtime)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def job_spec(code: str, nodes: int) -> Json:
+    """The operator tests' small job: ``python -c code`` under torchrun, one process per pod."""
+    return {
+        "nodes": nodes,
+        "procsPerNode": 1,
+        "resources": {"cpu": "100m", "memory": "512Mi", "sharedMemory": "64Mi"},
+        "command": ["python", "-c", code],
+        "runPolicy": {"terminationGracePeriodSeconds": 5},
+    }
+
+
+def bare_objects(name: str, namespace: str, spec: Json) -> list[Json]:
+    """The Service and pods the operator would create for a job ``name``, created by hand instead: the same
+    command, image, resources and pod spec, with labels renamed so that the operator never sees them."""
+    from kubetrain.manifests import build_pods, build_service
+    from kubetrain.spec import parse
+
+    body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    job = parse(body)
+    objects = [build_service(job), *build_pods(job, 0)]
+    for obj in objects:
+        metadata = obj["metadata"]
+        metadata.pop("ownerReferences", None)
+        metadata["labels"] = {"bench.kubetrain.io/bare": name}
+    objects[0]["spec"]["selector"] = {"bench.kubetrain.io/bare": name}
+    return objects
+
+
+TIME_TO_RUNNING = FigureSpec(
+    "operator.time_to_running_ratio", "x",
+    Goal("<=", 1.5, "from `create TrainingJob` to all its pods Running, against the same pods (and Service) "
+                    "created directly, which is the cluster's own pod start-up; the operator's part (watch "
+                    "event, reconcile, status write, creates) may add at most half of that. Kubernetes' "
+                    "pod start-up SLO is p99 5 s (ANCHORS)"))
+
+
+def time_to_running_bench(ctx: Context) -> list[Figure]:
+    lab = cluster(ctx)
+    from tests.operator_fixtures import Jobs
+
+    namespace = lab.namespace("start")
+    jobs = Jobs(lab.lab, namespace)
+    nodes, rounds = 2, (3 if ctx.quick else 7)
+    spec = job_spec(SLEEPER, nodes)
+    job_s: list[float] = []
+    bare_s: list[float] = []
+
+    def job_round(name: str) -> float:
+        selector = f"kubetrain.io/job-name={name}"
+        t0 = time.monotonic()
+        jobs.create(name, spec)
+        seconds = lab.wait_running(namespace, selector, nodes) - t0
+        lab.lab.api.delete(f"{jobs.base}/{name}")
+        lab.delete_pods(namespace, selector)
+        lab.wait_no_pods(namespace, selector)
+        return seconds
+
+    def bare_round(name: str) -> float:
+        selector = f"bench.kubetrain.io/bare={name}"
+        objects = bare_objects(name, namespace, spec)
+        t0 = time.monotonic()
+        for obj in objects:
+            kind = "services" if obj["kind"] == "Service" else "pods"
+            lab.lab.api.post(f"/api/v1/namespaces/{namespace}/{kind}", obj)
+        seconds = lab.wait_running(namespace, selector, nodes) - t0
+        lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{name}")
+        lab.delete_pods(namespace, selector)
+        lab.wait_no_pods(namespace, selector)
+        return seconds
+
+    try:
+        # Round 0 warms up both paths (the operator's first reconcile, the kubelet's first pod of a
+        # namespace) and is not counted; then the two alternate, so that a slow spell hits both.
+        for number in range(rounds + 1):
+            ctx.log(f"time to running, round {number}{' (warm-up)' if number == 0 else ''}: "
+                    f"TrainingJob of {nodes} pods, then bare Service + {nodes} pods")
+            job_time, bare_time = job_round(f"job-{number}"), bare_round(f"bare-{number}")
+            if number > 0:
+                job_s.append(job_time)
+                bare_s.append(bare_time)
+    finally:
+        lab.delete_namespace(namespace)
+    ratio = median(job_s) / median(bare_s)
+    return [TIME_TO_RUNNING.measured(
+        ratio, f"job p50 {median(job_s):.2f} s p90 {percentile(job_s, 90):.2f} s / bare pods p50 "
+               f"{median(bare_s):.2f} s p90 {percentile(bare_s, 90):.2f} s; the operator adds "
+               f"{median(job_s) - median(bare_s):.2f} s; {rounds} rounds of {nodes} pods",
+        job_p50_s=median(job_s), job_p90_s=percentile(job_s, 90), bare_p50_s=median(bare_s),
+        bare_p90_s=percentile(bare_s, 90))]
+
+
+GANG_RESTART = FigureSpec(
+    "operator.gang_restart_ratio", "x",
+    Goal("<=", 2.0, "from SIGKILL of one worker to every pod of the next attempt Running, against the same "
+                    "job's first time to running: a restart must notice the failure, stop the surviving pod "
+                    "(SIGTERM; torchrun exits at once) and start the gang again, so about one pod deletion "
+                    "plus one start-up; twice the first start is the bar"))
+
+
+def gang_restart_bench(ctx: Context) -> list[Figure]:
+    lab = cluster(ctx)
+    from kubetrain import api
+    from tests.operator_fixtures import Jobs
+
+    namespace = lab.namespace("restart")
+    jobs = Jobs(lab.lab, namespace)
+    nodes, rounds = 2, (1 if ctx.quick else 3)
+    first_s: list[float] = []
+    restart_s: list[float] = []
+    try:
+        for number in range(rounds):
+            name = f"gang-{number}"
+            selector = f"{api.LABEL.JOB_NAME}={name}"
+            ctx.log(f"gang restart: TrainingJob {name} ({nodes} pods), then SIGKILL {name}-1")
+            t0 = time.monotonic()
+            jobs.create(name, job_spec(SLEEPER, nodes))
+            first_s.append(lab.wait_running(namespace, selector, nodes) - t0)
+            jobs.wait_phase(name, "Running")  # the operator has seen attempt 0 running
+            t_kill = time.monotonic()
+            lab.lab.kill_pod(namespace, f"{name}-1", signal.SIGKILL)
+            restart_s.append(lab.wait_running(
+                namespace, selector, nodes,
+                accept=lambda p: p["metadata"]["labels"].get(api.LABEL.ATTEMPT) == "1") - t_kill)
+            lab.lab.api.delete(f"{jobs.base}/{name}")
+            lab.delete_pods(namespace, selector)
+            lab.wait_no_pods(namespace, selector)
+    finally:
+        lab.delete_namespace(namespace)
+    ratios = [r / f for r, f in zip(restart_s, first_s, strict=True)]
+    return [GANG_RESTART.measured(
+        median(ratios), f"kill to attempt 1 running p50 {median(restart_s):.2f} s / first start p50 "
+                        f"{median(first_s):.2f} s; {rounds} job(s) of {nodes} pods",
+        restart_p50_s=median(restart_s), first_p50_s=median(first_s))]
+
+
+MEMORY = FigureSpec(
+    "operator.memory_ratio", "x",
+    Goal("<=", 1.5, "resident memory of the operator after it ran the jobs above, against a bare process "
+                    "that only imports kopf and the kubernetes client: those imports dominate a kopf "
+                    "operator's memory (ANCHORS), so kubetrain's own code, schema, CEL rules and metrics "
+                    "may add at most half"))
+
+
+def memory_bench(ctx: Context) -> list[Figure]:
+    import psutil
+
+    lab = cluster(ctx)  # run after the other lab benchmarks: the operator has handled their jobs by now
+    operator_rss = psutil.Process(lab.operator.process.pid).memory_info().rss
+    probe = subprocess.Popen(
+        [sys.executable, "-c", "import sys, kopf, kubernetes; print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert probe.stdout is not None and probe.stdin is not None
+        if probe.stdout.readline().strip() != "ready":
+            raise RuntimeError("the bare kopf process did not start")
+        bare_rss = psutil.Process(probe.pid).memory_info().rss
+        probe.stdin.close()
+        probe.wait(timeout=30)
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+    mib = 1024 * 1024
+    return [MEMORY.measured(operator_rss / bare_rss, f"operator {operator_rss / mib:.0f} MiB / "
+                                                     f"`import kopf, kubernetes` {bare_rss / mib:.0f} MiB RSS",
+                            operator_mib=operator_rss / mib, bare_mib=bare_rss / mib)]
+
+
+BENCHMARKS = (
+    Benchmark("operator.start", "TrainingJob to pods Running vs the same pods created directly",
+              (TIME_TO_RUNNING,), time_to_running_bench, needs_lab=True),
+    Benchmark("operator.restart", "SIGKILL of a worker to the next attempt Running vs the first start",
+              (GANG_RESTART,), gang_restart_bench, needs_lab=True),
+    Benchmark("operator.memory", "operator RSS vs a process importing kopf and kubernetes",
+              (MEMORY,), memory_bench, needs_lab=True),
+)

@@ -1,0 +1,121 @@
+"""The benchmark command's own logic: figure lines, verdicts, selection, --list. No timing is asserted here;
+speed targets live in ``python -m bench`` (ratios against a baseline measured in the same run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import all_benchmarks, main, select
+from bench.registry import Benchmark, Context, FigureSpec
+from bench.report import Figure, Goal, format_figure, format_value, median, percentile, to_json
+from bench.trainer import TrainerRun, throughput
+
+REPO = Path(__file__).resolve().parent.parent
+AT_MOST = Goal("<=", 1.5, "why")
+AT_LEAST = Goal(">=", 0.97, "why")
+
+
+def test_verdict_follows_the_goal_direction() -> None:
+    assert Figure("a", 1.21, "x", AT_MOST).verdict == "met"
+    assert Figure("a", 1.5, "x", AT_MOST).verdict == "met"  # the bound itself meets the goal
+    assert Figure("a", 1.51, "x", AT_MOST).verdict == "missed"
+    assert Figure("a", 0.99, "x", AT_LEAST).verdict == "met"
+    assert Figure("a", 0.9, "x", AT_LEAST).verdict == "missed"
+
+
+def test_unmeasured_or_non_finite_figures_miss() -> None:
+    assert Figure("a", None, "x", AT_MOST, error="boom").verdict == "missed"
+    assert Figure("a", 1.0, "x", AT_MOST, error="boom").verdict == "missed"
+    assert Figure("a", float("nan"), "x", AT_MOST).verdict == "missed"
+    assert Figure("a", float("inf"), "x", AT_LEAST).verdict == "missed"
+
+
+def test_figure_line_has_name_value_unit_detail_goal_and_verdict() -> None:
+    line = format_figure(Figure("operator.time_to_running_ratio", 1.2134, "x", AT_MOST,
+                                "job 4.8 s / bare pod 4.0 s"))
+    assert line == "operator.time_to_running_ratio  1.21 x (job 4.8 s / bare pod 4.0 s)  goal <= 1.50  met"
+
+
+def test_failed_figure_is_one_line_with_the_error() -> None:
+    spec = FigureSpec("trainer.x", "%", AT_MOST)
+    line = format_figure(spec.failed("RuntimeError: two\nlines"), name_width=12)
+    assert line == "trainer.x     n/a (RuntimeError: two lines)  goal <= 1.50  missed"
+
+
+def test_values_print_with_three_significant_digits() -> None:
+    assert [format_value(v) for v in (1234.5, 12.345, 1.2345, 0.12345, 0.0012345)] == [
+        "1234", "12.3", "1.23", "0.123", "0.0012"]
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([1.0, 2.0, 3.0, 4.0]) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == pytest.approx(4.6)
+    assert percentile([7.0], 90) == 7.0
+
+
+def test_json_results_carry_goal_and_verdict() -> None:
+    results = to_json([Figure("a", 2.0, "x", AT_MOST, "d", extra={"job_s": 1.0})], quick=True)
+    (row,) = results["figures"]
+    assert results["quick"] is True
+    assert row["goal"] == {"op": "<=", "value": 1.5, "reason": "why"}
+    assert row["verdict"] == "missed" and row["extra"] == {"job_s": 1.0}
+    json.dumps(results)
+
+
+def test_every_figure_has_a_unique_name_and_a_reasoned_goal() -> None:
+    figures = [f for b in all_benchmarks() for f in b.figures]
+    names = [f.name for f in figures]
+    assert len(names) == len(set(names)) >= 5
+    assert all(f.goal.reason for f in figures)
+    assert [b.needs_lab for b in all_benchmarks()] == sorted(b.needs_lab for b in all_benchmarks())
+
+
+def test_selection_by_name_prefix_or_figure() -> None:
+    benchmarks = all_benchmarks()
+    assert [b.name for b in select(benchmarks, ["core"])] == ["core.reconcile", "core.validate"]
+    assert [b.name for b in select(benchmarks, ["operator.memory_ratio"])] == ["operator.memory"]
+    assert not any(b.needs_lab for b in select(benchmarks, [], no_lab=True))
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        select(benchmarks, ["nope"])
+
+
+def test_a_failing_benchmark_reports_its_figures_as_missed(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import run
+
+    spec = FigureSpec("demo.ratio", "x", AT_MOST)
+
+    def broken(_: Context) -> list[Figure]:
+        raise RuntimeError("no lab today")
+
+    figures, all_ran = run([Benchmark("demo", "a demo", (spec,), broken)], Context(verbose=False))
+    assert not all_ran and figures[0].error == "RuntimeError: no lab today"
+    assert capsys.readouterr().out == "demo.ratio  n/a (RuntimeError: no lab today)  goal <= 1.50  missed\n"
+
+
+def test_throughput_skips_warm_up_and_reads_the_step_lines() -> None:
+    lines = [{"event": "step", "step": s, "time": 100.0 + s / 100} for s in range(25, 501, 25)]
+    lines[0]["time"] = 0.0  # a slow first window, before the warm-up cut
+    rate = throughput(TrainerRun(nproc=2, steps=500, events=tuple(lines), wall_s=9.0), batch=64)
+    assert rate.steps_per_s == pytest.approx(100.0)
+    assert rate.samples_per_s == pytest.approx(100.0 * 64 * 2)
+
+
+def test_list_runs_nothing_and_names_every_figure() -> None:
+    result = subprocess.run([sys.executable, "-m", "bench", "--list"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60, check=True)
+    for bench in all_benchmarks():
+        assert bench.name in result.stdout
+        for figure in bench.figures:
+            assert f"{figure.name}  {figure.goal}" in result.stdout
+
+
+def test_unknown_name_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--list", "no.such.benchmark"])
+    assert exit_info.value.code == 2

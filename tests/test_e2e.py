@@ -1,0 +1,181 @@
+"""The user's journey on the lab, exactly as a user takes it.
+
+`helm install` the chart (monitoring on, namespaced RBAC, the operator run as a process with the chart's
+ServiceAccount token since no image can run here), `kubectl apply -f examples/trainingjob-cpu.yaml` into a
+namespace that enforces the restricted Pod Security profile, watch the real trainer rendezvous across the
+lab's two nodes and finish, and check that Prometheus scraped it through the chart's PodMonitor and that
+the shipped dashboards' queries return data. Then the same job again, with one worker killed mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab.build import ensure_binary
+from tests.lab.lab import Lab
+from tests.lab.prometheus import Prometheus, start_prometheus
+from tests.monitoring import MONITORING_CRDS, PodDiscovery, pod_monitor_job, service_monitor_job
+from tests.operator_fixtures import CHART, Jobs, OperatorProcess
+
+pytestmark = pytest.mark.lab
+Json = Any
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "trainingjob-cpu.yaml"
+RELEASE, RELEASE_NAMESPACE = "e2e", "kubetrain-e2e"
+JOURNEY, FAULT = "e2e-journey", "e2e-fault"
+# Panels that read GPU metrics (NVML, DCGM, allocator, MFU) cannot have data on this CPU-only machine.
+GPU_METRICS = re.compile(r"trainer_gpu_|DCGM_|trainer_mfu_ratio")
+
+
+@dataclass
+class Platform:
+    lab: Lab
+    operator: OperatorProcess
+    prometheus: Prometheus
+    kubeconfig: Path
+
+
+def helm(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(ensure_binary("helm")), f"--kubeconfig={lab.kubeconfig}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=180)
+
+
+def _namespace(lab: Lab, name: str) -> None:
+    lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    lab.wait_service_account(name)
+
+
+@pytest.fixture(scope="module")
+def platform(lab: Lab) -> Iterator[Platform]:
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": MONITORING_CRDS}))
+    for name in (JOURNEY, FAULT):
+        _namespace(lab, name)
+    helm(lab, "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace", "--wait",
+         "--set", "operator.replicas=0", "--set", f"watchNamespaces={{{JOURNEY},{FAULT}}}",
+         "--set", "podMonitor.enabled=true", "--set", "podMonitor.interval=2s",
+         "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+         "--set", "dashboards.enabled=true")
+    account = lab.kubectl("get", "serviceaccount", "-n", RELEASE_NAMESPACE, "-l",
+                          f"app.kubernetes.io/instance={RELEASE}", "-o", "jsonpath={.items[0].metadata.name}")
+    account = account.stdout.strip()
+    assert account, "the chart creates a ServiceAccount"
+    kubeconfig = lab.token_kubeconfig(RELEASE_NAMESPACE, account)
+    operator = OperatorProcess(kubeconfig, lab.run_dir / "e2e-operator.log",
+                               (f"--namespace={JOURNEY}", f"--namespace={FAULT}"))
+    discovery = PodDiscovery(lab, lab.run_dir / "e2e-pods.json").start()
+    prometheus: Prometheus | None = None
+    try:
+        operator.start()
+        pod_monitor = _one(lab, "podmonitors")
+        service_monitor = _one(lab, "servicemonitors")
+        rules = _one(lab, "prometheusrules")["spec"]["groups"]
+        jobs = [*pod_monitor_job(pod_monitor, discovery.path),
+                service_monitor_job(service_monitor, f"127.0.0.1:{operator.metrics_port}")]
+        prometheus = start_prometheus(lab, jobs, rules=rules)
+        yield Platform(lab, operator, prometheus, kubeconfig)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        discovery.stop()
+        operator.stop()
+        helm(lab, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+
+
+def _one(lab: Lab, plural: str) -> Json:
+    items = lab.api.get(f"/apis/monitoring.coreos.com/v1/namespaces/{RELEASE_NAMESPACE}/{plural}")["items"]
+    assert len(items) == 1, f"the chart should create one {plural}: {items}"
+    return items[0]
+
+
+def test_chart_identity_is_least_privilege(platform: Platform) -> None:
+    def can(*args: str) -> str:
+        answer = platform.lab.kubectl("auth", "can-i", *args, kubeconfig=platform.kubeconfig, check=False)
+        return answer.stdout.strip()
+    assert can("create", "pods", "-n", JOURNEY) == "yes"
+    assert can("patch", "trainingjobs.kubetrain.io", "--subresource=status", "-n", FAULT) == "yes"
+    assert can("get", "secrets", "-n", JOURNEY) == "no"
+    assert can("create", "pods", "-n", "default") == "no"  # namespaced: nothing outside its namespaces
+    assert can("list", "trainingjobs.kubetrain.io", "--all-namespaces") == "no"
+
+
+def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
+    lab = platform.lab
+    jobs = Jobs(lab, JOURNEY)
+    lab.create_volume(JOURNEY, "digits-checkpoints")  # the storage class's part: the lab has no provisioner
+    lab.kubectl("apply", "-n", JOURNEY, "-f", str(EXAMPLE))
+    status = jobs.wait("digits", lambda s: s.get("progress", {}).get("step", 0) >= 120, "training past step 120",
+                       timeout=300)
+    pods = jobs.pods("digits")
+    assert {p["spec"]["nodeName"] for p in pods} == set(lab.node_names), "one pod per lab node"
+    assert len({p["status"]["podIP"] for p in pods}) == 2
+    assert status["progress"]["totalSteps"] == 300 and "lossText" in status["progress"]
+
+    missing = _panels_without_data(platform.prometheus, JOURNEY, "digits")
+    assert not missing, f"dashboard panels without data: {missing}"
+    ranks = platform.prometheus.query('count(trainer_step{training_job="digits", namespace="e2e-journey"})')
+    assert float(ranks[0]["value"][1]) == 4, "all four ranks scraped through the PodMonitor"
+
+    status = jobs.wait_phase("digits", "Succeeded", timeout=300)
+    assert status["progress"]["percent"] == 100 and status["progress"]["step"] == 300
+    table = lab.kubectl("get", "tj", "-n", JOURNEY).stdout
+    row = next(line for line in table.splitlines() if line.startswith("digits"))
+    assert "Succeeded" in row and "100% (300/300)" in row
+    assert status["progress"]["lossText"] in row and float(status["progress"]["lossText"]) < 0.5
+
+
+def _panels_without_data(prometheus: Prometheus, namespace: str, job: str) -> list[str]:
+    """Titles of dashboard panels none of whose queries returns data (GPU-only panels excepted)."""
+    variables = {"$namespace": namespace, "$job": job, "$rank": ".*", "$__rate_interval": "1m",
+                 "$__range": "10m", "${datasource}": "", "$datasource": ""}
+    missing = []
+    for path in sorted((CHART / "dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            queries = [t["expr"] for t in panel.get("targets", []) if t.get("expr")]
+            if not queries or all(GPU_METRICS.search(q) for q in queries):
+                continue
+            for template in queries:
+                query = template
+                for name, value in variables.items():
+                    query = query.replace(name, value)
+                if not GPU_METRICS.search(query) and prometheus.query(query):
+                    break
+            else:
+                missing.append(f"{path.stem}: {panel['title']}")
+    return missing
+
+
+def test_killed_worker_resumes_from_its_checkpoint(platform: Platform) -> None:
+    lab = platform.lab
+    jobs = Jobs(lab, FAULT)
+    lab.create_volume(FAULT, "digits-checkpoints")
+    lab.kubectl("apply", "-n", FAULT, "-f", str(EXAMPLE))
+    status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 100,
+                       "a checkpoint at step 100 or later", timeout=300)
+    saved = status["lastCheckpoint"]["step"]
+    lab.kill_pod(FAULT, "digits-1", signal.SIGKILL)
+
+    steps_after_restart: list[int] = []
+
+    def resumed(current: Json) -> bool:
+        if current.get("attempt", 0) >= 1 and "resumedFromStep" in current.get("progress", {}):
+            steps_after_restart.append(current["progress"]["step"])
+        return current.get("phase") == "Succeeded"
+    status = jobs.wait("digits", resumed, "success after the restart", timeout=400)
+    assert status["restarts"] == 1 and status["attempt"] == 1
+    (failure,) = status["failures"]
+    assert failure["pod"] == "digits-1" and failure["exitCode"] == 137 and failure["counted"] is True
+    assert status["progress"]["resumedFromStep"] >= saved
+    assert steps_after_restart and min(steps_after_restart) >= saved, "the step went back past the checkpoint"
+    assert status["progress"]["percent"] == 100
+    restarts = platform.prometheus.query('kubetrain_restarts_total{reason="PodFailed"}')
+    assert restarts and float(restarts[0]["value"][1]) >= 1
