@@ -121,3 +121,11 @@ def test_volumes_downward_api_and_gpus(lab: Lab, namespace: str) -> None:
     assert pod["status"]["phase"] == "Succeeded", log
     assert (host_dir / "owner").read_text() == pod["metadata"]["uid"]
     assert "worker-0 demo 1" in log
+
+
+def test_termination_message_lands_in_the_container_status(lab: Lab, namespace: str) -> None:
+    code = "open('/dev/termination-log', 'w').write('{\"reason\": \"Done\"}'); raise SystemExit(3)"
+    _create(lab, namespace, pod_manifest("last-words", ["python"], ["-c", code]))
+    state = terminated_state(wait_pod(lab.api, namespace, "last-words", ("Failed",)))
+    assert state["exitCode"] == 3
+    assert state["message"] == '{"reason": "Done"}'

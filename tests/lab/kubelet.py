@@ -224,8 +224,11 @@ class Kubelet:
         else:
             worker.update(pod)
 
-    def make_mountpoint(self, target: str) -> None:
-        """Create a missing mountPath on the host (recorded, removed at stop if still empty)."""
+    def make_mountpoint(self, target: str, *, is_file: bool = False) -> None:
+        """Create a missing mountPath on the host (recorded, removed at stop if still empty).
+
+        ``is_file``: the target is a file to bind a file onto (the termination message path).
+        """
         path = Path(target)
         with self._mount_lock:
             missing = []
@@ -233,13 +236,19 @@ class Kubelet:
                 missing.append(path)
                 path = path.parent
             for item in reversed(missing):
-                item.mkdir(exist_ok=True)
+                if is_file and item == Path(target):
+                    item.touch()
+                else:
+                    item.mkdir(exist_ok=True)
                 self._mountpoints.append(item)
 
     def _remove_mountpoints(self) -> None:
         for path in reversed(self._mountpoints):
             try:
-                path.rmdir()
+                if path.is_dir():
+                    path.rmdir()
+                elif path.stat().st_size == 0:
+                    path.unlink()
             except OSError as error:
                 log.warning("lab mountpoint %s not removed: %s", path, error)
 

@@ -17,7 +17,8 @@ import sys
 
 def _mount(mount: dict[str, object]) -> None:
     target = str(mount["target"])
-    os.makedirs(target, exist_ok=True)
+    if not mount.get("file"):
+        os.makedirs(target, exist_ok=True)
     if mount.get("tmpfs"):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", target], check=True)
     else:

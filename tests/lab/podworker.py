@@ -62,6 +62,11 @@ def signal_pod(uid: str, signum: int) -> None:
             continue
 
 
+# As the kubelet: the default terminationMessagePath, and at most 4 KiB of message per container.
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+MAX_TERMINATION_MESSAGE = 4096
+
+
 @dataclass
 class ContainerRun:
     name: str
@@ -198,13 +203,20 @@ class PodWorker:
         mounts = container_mounts(container, volumes)
         for mount in mounts:
             self.kubelet.make_mountpoint(mount.target)
+        # The termination message: a file of this container's, bound at terminationMessagePath; its
+        # content becomes state.terminated.message, as the kubelet does.
+        message_file = self.termination_file(container["name"])
+        message_file.touch()
+        message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
+        self.kubelet.make_mountpoint(message_path, is_file=True)
         working_dir = container.get("workingDir") or str(image.working_dir or home)
         self.kubelet.make_mountpoint(working_dir)
         spec_file = self.dir / f"{container['name']}.spec.json"
         spec_file.write_text(json.dumps({
             "hostname": spec.get("hostname") or self.name[:63], "workingDir": working_dir, "argv": argv,
-            "env": env, "mounts": [{"source": str(m.source), "target": m.target, "readOnly": m.read_only}
-                                   for m in mounts],
+            "env": env, "mounts": [*({"source": str(m.source), "target": m.target, "readOnly": m.read_only}
+                                     for m in mounts),
+                                   {"source": str(message_file), "target": message_path, "file": True}],
         }))
         return container, spec_file
 
@@ -221,6 +233,20 @@ class PodWorker:
                                                                 RUN_MARKER: str(self.kubelet.run_dir)})
         name = container["name"]
         self.runs[name] = ContainerRun(name, container.get("image", ""), popen, now())
+
+    def termination_file(self, container: str) -> Path:
+        return self.dir / f"{container}.termination-log"
+
+    def _termination_message(self, container: JSON, exit_code: int) -> str:
+        """What the container left at its terminationMessagePath (or its log's tail, if asked and failed)."""
+        path = self.termination_file(container["name"])
+        message = path.read_bytes()[:MAX_TERMINATION_MESSAGE].decode(errors="replace") if path.exists() else ""
+        if not message.strip() and exit_code != 0 and \
+                container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            log_path = self.log_path(container["name"])
+            tail = log_path.read_bytes()[-MAX_TERMINATION_MESSAGE:] if log_path.exists() else b""
+            message = b"\n".join(tail.splitlines()[-80:]).decode(errors="replace")
+        return message
 
     def log_path(self, container: str) -> Path:
         return self.dir / f"{container}.log"
@@ -303,6 +329,9 @@ class PodWorker:
         status["state"] = {"terminated": {"exitCode": run.exit_code, "reason": reason,
                                           "startedAt": run.started_at, "finishedAt": run.finished_at,
                                           "containerID": status["containerID"]}}
+        message = self._termination_message(container, run.exit_code)
+        if message:
+            status["state"]["terminated"]["message"] = message
         return status
 
     def _phase(self) -> str:
