@@ -273,7 +273,7 @@ def metrics_bench(ctx: Context) -> list[Figure]:
     # does then slows both alike. Repeated in pairs; the figure is the median of the pairs' ratios.
     ratios: list[float] = []
     pairs: list[tuple[Throughput, Throughput, int]] = []
-    for pair in range(_repeats(ctx, 4) if not ctx.quick else 2):
+    for pair in range(_repeats(ctx, 3) if not ctx.quick else 2):
         # Longer runs than elsewhere: start-up jitter must leave seconds in which both are stepping. The one
         # started first gets ahead in the CPU scheduler's eyes, so the order alternates from pair to pair.
         steps = 2 * _steps(ctx)
@@ -323,7 +323,9 @@ CHECKPOINT = FigureSpec(
 
 
 def checkpoint_bench(ctx: Context) -> list[Figure]:
-    run = run_trainer(ctx, nproc=1, steps=_steps(ctx), checkpoint_every=CHECKPOINT_EVERY, label="checkpoint")
+    # Long enough for 4 periodic saves inside the measured window (1 with --quick): one save alone is noisy.
+    steps = (250 if ctx.quick else 550)
+    run = run_trainer(ctx, nproc=1, steps=steps, checkpoint_every=CHECKPOINT_EVERY, label="checkpoint")
     lines = run.of("step")
     first, last = lines[0], lines[-1]  # the first line is at LOG_EVERY steps: before any periodic save
     saves = [e["seconds"] for e in run.of("checkpoint") if first["step"] < e["step"] < last["step"]]

@@ -6,7 +6,10 @@ contract too. The operator authenticates with the chart's ServiceAccount (see op
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -218,3 +221,37 @@ def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(
     statuses = [jobs.status(name) for name in names]
     assert all(s["restarts"] == 0 and s["attempt"] == 0 for s in statuses)
     assert "kubetrain_pod_creations_total" in operator.metrics()
+
+
+# Waits for the second node; when it joins, torchrun re-rendezvous and both workers see WORLD_SIZE=2.
+UNTIL_TWO_NODES = (
+    "import os, sys, time\n"
+    "print('world size', os.environ['WORLD_SIZE'], flush=True)\n"
+    "sys.exit(0) if os.environ['WORLD_SIZE'] == '2' else time.sleep(600)\n"
+)
+
+
+def test_elastic_job_grows_through_the_scale_subresource(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("growing", spec(UNTIL_TWO_NODES, nodes=1, elastic={"minNodes": 1, "maxNodes": 2}))
+    jobs.wait_phase("growing", "Running", timeout=180)
+    wait_for(lambda: "world size 1" in lab.pod_log(jobs.namespace, "growing-0").read_text(), 120,
+             "the first worker to start with world size 1", interval=0.5)
+    lab.kubectl("scale", "-n", jobs.namespace, "tj/growing", "--replicas=2")
+    status = jobs.wait_phase("growing", "Succeeded", timeout=240)
+    assert status["attempt"] == 0 and status["restarts"] == 0, "torchrun re-rendezvous in place"
+    assert status["nodes"]["desired"] == 2
+    assert "world size 2" in lab.pod_log(jobs.namespace, "growing-0").read_text()
+    scale = lab.api.get(f"/apis/kubetrain.io/v1alpha1/namespaces/{jobs.namespace}/trainingjobs/growing/scale")
+    assert scale["spec"]["replicas"] == 2
+
+
+def test_watch_follows_a_job_to_its_end(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("watched", spec("import time; time.sleep(3)"))
+    watcher = subprocess.run(
+        [sys.executable, "-m", "kubetrain.cli", "watch", "watched", "-n", jobs.namespace, "--timeout=180"],
+        env={**os.environ, "KUBECONFIG": str(lab.kubeconfig), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=200, check=False,
+    )
+    assert watcher.returncode == 0, watcher.stdout + watcher.stderr
+    assert "watched: Succeeded" in watcher.stdout
+    assert "watched: Running" in watcher.stdout or "watched: Pending" in watcher.stdout
