@@ -12,7 +12,7 @@ trainer and the bare loop alternate run by run, so that a busy spell of this sha
   over a bare loop written below (same model, data, batch, AdamW, gradient clipping, DDP world size 1, one
   thread each), over the steps past warm-up. Time is this process's CPU time (``time.process_time``: the
   loop and every thread it starts), which other processes on a shared machine inflate far less than the
-  wall clock; best of 4 interleaved runs per side (2 with ``--quick``). The wall-clock ratios are printed too.
+  wall clock; best of 4 interleaved runs per side (3 with ``--quick``). The wall-clock ratios are printed too.
 - ``trainer.data_wait_share``: ``trainer_step_phase_seconds_total{phase="data_wait"}`` over
   ``trainer_step_duration_seconds_sum``, both read from the trainer's endpoint (deltas between a scrape past
   warm-up and the final one), with 2 DataLoader workers.
@@ -373,7 +373,7 @@ def overhead_bench(ctx: Context) -> list[Figure]:
     # the scraper), which the other work on this shared machine inflates far less than the wall clock;
     # the figure is the best of each side (the run least disturbed, as timeit advises), the per-round
     # ratios and the wall clock are printed next to it.
-    rounds = 2 if ctx.quick else 4
+    rounds = 3 if ctx.quick else 4
     steps = _steps(ctx)
     warmup = math.ceil(WARMUP_FRACTION * steps / LOG_EVERY) * LOG_EVERY  # the trainer's first timed line
     cpu_ratios: list[float] = []

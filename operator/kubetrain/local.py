@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -137,16 +138,31 @@ def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
                     if last.samples_per_second:
                         detail += f" | {last.samples_per_second:.0f} samples/s"
                     bar.update(task, completed=last.step, total=last.total_steps or spec.total_steps, detail=detail)
+            report = _final_report(plan.log_dir)
+            if "step" in report:
+                bar.update(task, completed=report["step"])
     except KeyboardInterrupt:
         console.print("stopping: the trainer writes a checkpoint first (run again to resume)")
     finally:
         _stop(processes)
     codes = [p.returncode for p in processes]
     failed = next((code for code in codes if code != 0), 0)
-    final = plan.log_dir / "node-0.termination"
-    report = final.read_text().strip() if final.exists() else ""
+    report = _final_report(plan.log_dir)
     if failed:
-        console.print(f"[red]failed[/] (exit codes {codes}); see {plan.log_dir}" + (f": {report}" if report else ""))
+        reason = f": {report.get('reason')}: {report.get('message', '')}" if report else ""
+        console.print(f"[red]failed[/] (exit codes {codes}){reason}; logs in {plan.log_dir}")
     else:
-        console.print(f"[green]succeeded[/]: {report or 'done'}")
+        facts = [f"{key} {report[key]:.4g}" if isinstance(report[key], float) else f"{key} {report[key]}"
+                 for key in ("step", "loss", "evalLoss", "evalAccuracy") if key in report]
+        console.print(f"[green]succeeded[/]: {', '.join(facts) or 'done'}; checkpoints in {plan.checkpoint_dir}")
     return failed
+
+
+def _final_report(log_dir: Path) -> dict[str, Any]:
+    """The trainer's last words (its termination message), or {} when it left none."""
+    path = log_dir / "node-0.termination"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
