@@ -283,9 +283,10 @@ class Trainer:
             norm = norm.full_tensor()
         stop = torch.tensor(float(self.stop.requested), device=device)
         packed = torch.stack([loss_sum, stop, norm.float()])
-        dist.all_reduce(packed)
-        loss_val, stop_votes, grad_norm = packed.tolist()  # the step's one CPU-GPU synchronisation
         world = self.ctx.world_size
+        if world > 1:  # alone, the all-reduce would only add a collective's latency to every step
+            dist.all_reduce(packed)
+        loss_val, stop_votes, grad_norm = packed.tolist()  # the step's one CPU-GPU synchronisation
         return StepResult(loss_val / world, grad_norm / world, stop_votes > 0, data_s, fb_s)
 
     def _skip_step(self, result: StepResult, consecutive: int) -> None:
