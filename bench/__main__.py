@@ -32,9 +32,9 @@ __all__ = ["all_benchmarks", "main", "select"]
 
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
-    from bench import cluster, core, trainer
+    from bench import cluster, core, trainer, trainer_overhead
 
-    return (*core.BENCHMARKS, *trainer.BENCHMARKS, *cluster.BENCHMARKS)
+    return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS)
 
 
 def select(benchmarks: Sequence[Benchmark], names: Sequence[str], *, no_lab: bool = False) -> list[Benchmark]:
