@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import yaml
 
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
-from tests.lab.procs import wait_for
+from tests.lab.procs import free_port, wait_for
 from tests.lab.rest import ApiError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,13 +32,6 @@ CRD = ROOT / "crds" / "trainingjobs.kubetrain.io.yaml"
 CHART = ROOT / "charts" / "kubetrain"
 OPERATOR_NAMESPACE = "kubetrain-system"
 Json = Any
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def render_chart(*args: str) -> list[Json]:

@@ -23,7 +23,7 @@ import pytest
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
 from tests.lab.prometheus import Prometheus, start_prometheus
-from tests.monitoring import MONITORING_CRDS, PodDiscovery, pod_monitor_job, service_monitor_job
+from tests.monitoring import MONITORING_CRDS, pod_monitor_job, service_monitor_job
 from tests.operator_fixtures import CHART, Jobs, OperatorProcess
 
 pytestmark = pytest.mark.lab
@@ -66,27 +66,27 @@ def platform(lab: Lab) -> Iterator[Platform]:
          "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
          "--set", "dashboards.enabled=true")
     account = lab.kubectl("get", "serviceaccount", "-n", RELEASE_NAMESPACE, "-l",
-                          f"app.kubernetes.io/instance={RELEASE}", "-o", "jsonpath={.items[0].metadata.name}")
-    account = account.stdout.strip()
+                          f"app.kubernetes.io/instance={RELEASE}", "-o",
+                          "jsonpath={.items[0].metadata.name}").stdout.strip()
     assert account, "the chart creates a ServiceAccount"
     kubeconfig = lab.token_kubeconfig(RELEASE_NAMESPACE, account)
     operator = OperatorProcess(kubeconfig, lab.run_dir / "e2e-operator.log",
                                (f"--namespace={JOURNEY}", f"--namespace={FAULT}"))
-    discovery = PodDiscovery(lab, lab.run_dir / "e2e-pods.json").start()
     prometheus: Prometheus | None = None
     try:
         operator.start()
         pod_monitor = _one(lab, "podmonitors")
         service_monitor = _one(lab, "servicemonitors")
         rules = _one(lab, "prometheusrules")["spec"]["groups"]
-        jobs = [*pod_monitor_job(pod_monitor, discovery.path),
-                service_monitor_job(service_monitor, f"127.0.0.1:{operator.metrics_port}")]
-        prometheus = start_prometheus(lab, jobs, rules=rules)
+
+        def monitors(pod_targets: Path) -> list[Json]:
+            return [*pod_monitor_job(pod_monitor, pod_targets),
+                    service_monitor_job(service_monitor, f"127.0.0.1:{operator.metrics_port}")]
+        prometheus = start_prometheus(lab, monitors, rules=rules)
         yield Platform(lab, operator, prometheus, kubeconfig)
     finally:
         if prometheus is not None:
             prometheus.stop()
-        discovery.stop()
         operator.stop()
         helm(lab, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
 
@@ -169,7 +169,7 @@ def test_killed_worker_resumes_from_its_checkpoint(platform: Platform) -> None:
     def resumed(current: Json) -> bool:
         if current.get("attempt", 0) >= 1 and "resumedFromStep" in current.get("progress", {}):
             steps_after_restart.append(current["progress"]["step"])
-        return current.get("phase") == "Succeeded"
+        return bool(current.get("phase") == "Succeeded")
     status = jobs.wait("digits", resumed, "success after the restart", timeout=400)
     assert status["restarts"] == 1 and status["attempt"] == 1
     (failure,) = status["failures"]

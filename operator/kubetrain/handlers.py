@@ -65,7 +65,7 @@ class OperatorState:
     def forget(self, key: Key) -> None:
         for table in (self.locks, self.due, self.last_scrape, self.phases):
             table.pop(key, None)
-        metrics.set_job_phases({f"{k[0]}/{k[1]}": v for k, v in self.phases.items()})
+        metrics.set_job_phases(self.phases)
 
 
 CONFIG = OperatorConfig()
@@ -234,7 +234,7 @@ def _observe(state: OperatorState, key: Key, job: TrainingJob, before: Mapping[s
         if created is not None:
             metrics.TIME_TO_RUNNING.observe(max(0.0, (now - created).total_seconds()))
     state.phases[key] = phase
-    metrics.set_job_phases({f"{k[0]}/{k[1]}": v for k, v in state.phases.items()})
+    metrics.set_job_phases(state.phases)
 
 
 def _schedule(state: OperatorState, key: Key, decision: Decision) -> None:

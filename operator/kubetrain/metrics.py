@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -33,7 +34,7 @@ POD_CREATIONS = Counter("kubetrain_pod_creations", "Pods created by the operator
 RESTARTS = Counter("kubetrain_restarts", "Gang restarts, by reason.", ["reason"])
 
 
-def set_job_phases(phases: Mapping[str, str]) -> None:
+def set_job_phases(phases: Mapping[Any, str]) -> None:
     """Publish the count of jobs per phase (every phase present, zero included)."""
     tally = Tally(phases.values())
     for phase in Phase:

@@ -171,7 +171,7 @@ def _record_progress(draft: _Draft, progress: Progress) -> None:
 def _finished(draft: _Draft, pods: Sequence[PodState]) -> None:
     policy = draft.job.spec.run_policy
     if policy.clean_pod_policy == "All":
-        draft.remove([p for p in pods])
+        draft.remove(list(pods))
     elif policy.clean_pod_policy == "Running":
         draft.remove([p for p in pods if not p.finished])
     draft.status["nodes"] = count_nodes(draft.job.spec.nodes, _current(draft, pods)).as_status()
@@ -197,6 +197,8 @@ def _finish(draft: _Draft, pods: Sequence[PodState], succeeded: bool, reason: st
     draft.status["completionTime"] = isoformat(draft.now)
     if succeeded:
         _final_progress(draft, pods)
+    else:
+        draft.remove([p for p in pods if not p.finished])  # the rest of a failed gang cannot go on alone
     _finished(draft, pods)
 
 
@@ -252,7 +254,6 @@ def _run(draft: _Draft, pods: Sequence[PodState]) -> None:
         if remaining <= 0:
             _finish(draft, pods, False, Reason.DEADLINE,
                     f"ran longer than activeDeadlineSeconds={deadline}; pods deleted, checkpoints kept")
-            draft.remove([p for p in pods if not p.finished])
             return
         draft.requeue(remaining)
 
@@ -281,7 +282,6 @@ def _restart(draft: _Draft, current: Sequence[PodState], reason: str, message: s
         _record_failures(draft, failed, reason, message, counted=True)
         _finish(draft, current, False, Reason.BACKOFF_LIMIT,
                 f"{message}; backoffLimit={policy.backoff_limit} restarts used up")
-        draft.remove([p for p in current if not p.finished])
         return
     _record_failures(draft, failed, reason, message, counted=counted)
     if counted:
@@ -338,13 +338,11 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
         _record_failures(draft, failed, Reason.INVALID_CONFIG, message, counted=True)
         _finish(draft, current, False, Reason.INVALID_CONFIG,
                 f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
-        draft.remove([p for p in current if not p.finished])
     elif kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
         _record_failures(draft, failed, Reason.OOM_KILLED, message, counted=True)
         _finish(draft, current, False, Reason.OOM_KILLED,
                 f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
                 "(set failurePolicy.restartOnOOM to retry as is)")
-        draft.remove([p for p in current if not p.finished])
     elif kind is FailureKind.DISRUPTION:
         _restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
     else:

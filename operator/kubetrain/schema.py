@@ -145,9 +145,8 @@ def _schema_problems(schema: Mapping[str, Json], value: Json) -> Iterator[Proble
         if error.validator == "required":
             missing = re.findall(r"'([^']+)' is a required property", error.message)
             yield Problem(_path([*parts, *missing]), "is required")
-        elif error.validator == "pattern" and any(
-            isinstance(sub, dict) and sub.get("x-kubernetes-int-or-string") for sub in [error.schema]
-        ):
+        elif error.validator == "pattern" and isinstance(error.schema, dict) and \
+                error.schema.get("x-kubernetes-int-or-string"):
             yield Problem(_path(parts), f"must be a quantity such as 8Gi or 500m (got {error.instance!r})")
         else:
             yield Problem(_path(parts), _schema_message(error))

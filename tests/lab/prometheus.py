@@ -1,10 +1,12 @@
 """A real Prometheus (Debian's package) scraping the lab's pods.
 
 Debian builds Prometheus without Kubernetes service discovery, so the helper plays that part: a thread
-lists the lab's pods every second and writes a ``file_sd`` target file with every running pod's container
-ports named ``metrics`` (labels ``namespace``, ``pod`` and the pod's labels, like a ``labelmap`` of
-Kubernetes SD). Prometheus runs in the root network namespace, which holds the lab's bridge, so pod IPs are
-reachable. Pass ``scrape_configs`` to add jobs of your own.
+lists the lab's pods every second and writes a ``file_sd`` file (``targets_file``) with one target per
+container port of every pod that has an IP, carrying the ``__meta_kubernetes_pod_*`` labels of Kubernetes SD
+(role: pod). Its own ``pods`` job relabels them like a ``labelmap`` (pod labels, ``namespace``, ``pod``,
+``container``) and keeps the running pods' ports named ``port_name``; other jobs (a PodMonitor translated by
+the tests) can use the same file with their own relabelings. Prometheus runs in the root network namespace,
+which holds the lab's bridge, so pod IPs are reachable.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -27,52 +31,80 @@ from tests.lab.procs import ManagedProcess, free_port, wait_for
 from tests.lab.rest import JSON, ApiError
 
 PROMETHEUS = "prometheus"
+# Extra scrape jobs, or a function of the Kubernetes-SD targets file that returns them.
+ScrapeConfigs = list[dict[str, Any]] | Callable[[Path], list[dict[str, Any]]] | None
 DISCOVERY_INTERVAL_S = 1.0
 log = logging.getLogger(__name__)
 
 
-def _label_name(name: str) -> str:
+def label_name(name: str) -> str:
+    """A Kubernetes label key as Prometheus spells it in meta labels."""
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def pod_targets(pods: list[JSON], port_name: str = "metrics") -> list[JSON]:
-    """file_sd target groups for the running pods' container ports called ``port_name``."""
+def pod_targets(pods: list[JSON]) -> list[JSON]:
+    """file_sd groups: one per container port of every pod with an IP, with Kubernetes SD's meta labels."""
     groups = []
     for pod in pods:
-        status = pod.get("status", {})
-        if status.get("phase") != "Running" or not status.get("podIP"):
+        meta, status = pod["metadata"], pod.get("status", {})
+        if not status.get("podIP"):
             continue
+        common = {
+            "__meta_kubernetes_namespace": meta["namespace"],
+            "__meta_kubernetes_pod_name": meta["name"],
+            "__meta_kubernetes_pod_phase": status.get("phase", ""),
+            "__meta_kubernetes_pod_ip": status["podIP"],
+            "__meta_kubernetes_pod_node_name": pod["spec"].get("nodeName", ""),
+        }
+        for key, value in (meta.get("labels") or {}).items():
+            common[f"__meta_kubernetes_pod_label_{label_name(key)}"] = value
+            common[f"__meta_kubernetes_pod_labelpresent_{label_name(key)}"] = "true"
         for container in pod["spec"]["containers"]:
             for port in container.get("ports") or []:
-                if port.get("name") != port_name:
-                    continue
-                meta = pod["metadata"]
-                labels = {_label_name(k): v for k, v in (meta.get("labels") or {}).items()}
-                labels.update(namespace=meta["namespace"], pod=meta["name"], container=container["name"])
+                labels = common | {
+                    "__meta_kubernetes_pod_container_name": container["name"],
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                }
                 groups.append({"targets": [f"{status['podIP']}:{port['containerPort']}"], "labels": labels})
     return groups
 
 
+def _pods_job(targets_file: Path, port_name: str) -> dict[str, Any]:
+    """The helper's own job: running pods' ports named ``port_name``, labelled like a labelmap."""
+    meta = "__meta_kubernetes_"
+    return {
+        "job_name": "pods",
+        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+        "relabel_configs": [
+            {"source_labels": [f"{meta}pod_container_port_name"], "regex": re.escape(port_name), "action": "keep"},
+            {"source_labels": [f"{meta}pod_phase"], "regex": "Running", "action": "keep"},
+            {"regex": f"{meta}pod_label_(.+)", "action": "labelmap"},
+            {"source_labels": [f"{meta}namespace"], "target_label": "namespace"},
+            {"source_labels": [f"{meta}pod_name"], "target_label": "pod"},
+            {"source_labels": [f"{meta}pod_container_name"], "target_label": "container"},
+        ],
+    }
+
+
 class Prometheus:
-    def __init__(self, lab: Lab, scrape_configs: list[dict[str, Any]] | None = None, *,
+    def __init__(self, lab: Lab, scrape_configs: ScrapeConfigs = None, *,
                  rules: str | list[dict[str, Any]] | None = None, scrape_interval: str = "1s",
                  port_name: str = "metrics") -> None:
         binary = shutil.which(PROMETHEUS)
         if binary is None:
             raise FileNotFoundError("prometheus not found: apt-get install -y prometheus")
         self.lab = lab
-        self.port_name = port_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = lab.run_dir / f"prometheus-{self.port}"
         self.dir.mkdir(parents=True)
         self.targets_file = self.dir / "pods.json"
         self._write_targets([])
-        pods_job = {"job_name": "pods", "file_sd_configs": [{"files": [str(self.targets_file)],
-                                                              "refresh_interval": "1s"}]}
+        extra_jobs = scrape_configs(self.targets_file) if callable(scrape_configs) else scrape_configs or []
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [pods_job, *(scrape_configs or [])],
+            "scrape_configs": [_pods_job(self.targets_file, port_name), *extra_jobs],
         }
         if rules is not None:
             rules_file = self.dir / "rules.yml"
@@ -97,7 +129,7 @@ class Prometheus:
         previous: list[JSON] | None = None
         while not self._stopping.wait(DISCOVERY_INTERVAL_S):
             try:
-                groups = pod_targets(api.get("/api/v1/pods")["items"], self.port_name)
+                groups = pod_targets(api.get("/api/v1/pods")["items"])
             except (ApiError, requests.RequestException) as error:
                 log.warning("prometheus discovery: %s", error)  # e.g. during an apiserver restart
                 continue
@@ -157,7 +189,7 @@ class Prometheus:
 
 
 def start_prometheus(
-    lab: Lab, scrape_configs: list[dict[str, Any]] | None = None, *,
+    lab: Lab, scrape_configs: ScrapeConfigs = None, *,
     rules: str | list[dict[str, Any]] | None = None, scrape_interval: str = "1s", port_name: str = "metrics",
 ) -> Prometheus:
     """Start Prometheus against the lab; use as ``with start_prometheus(lab) as prom:`` so it always stops."""
@@ -165,4 +197,4 @@ def start_prometheus(
                       port_name=port_name).start()
 
 
-__all__ = ["Prometheus", "pod_targets", "start_prometheus"]
+__all__ = ["Prometheus", "label_name", "pod_targets", "start_prometheus"]
