@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kubetrain.api import GROUP, LABEL, PLURAL
+from kubetrain.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
 from tests.test_chart_support import (
     CHART,
     CI_VALUES,
@@ -276,13 +276,16 @@ def test_cluster_wide_mode_watches_all_namespaces() -> None:
         "--all-namespaces",
         "--metrics-port=8080",
         "--liveness=http://0.0.0.0:8081/healthz",
+        "--log-level=normal",
+        "--log-format=plain",
+        f"--trainer-image={DEFAULT_TRAINER_IMAGE}",
     ]
 
 
 def test_namespaced_mode_watches_only_the_listed_namespaces() -> None:
     args = operator_container(render((NAMESPACED,)))["args"]
     assert args[:3] == ["operator", "--namespace=team-a", "--namespace=team-b"]
-    assert "--all-namespaces" not in args and args[-1] == "--verbose"
+    assert "--all-namespaces" not in args and "--log-level=verbose" in args
 
 
 def test_custom_image_values_reach_the_pod() -> None:
@@ -290,11 +293,14 @@ def test_custom_image_values_reach_the_pod() -> None:
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     container = operator_container(docs)
     assert container["image"] == (
-        "registry.example.com/platform/kubetrain-operator:0.1.0-rc.1@sha256:"
+        "registry.example.com:5000/kubetrain/operator:0.1.0-rc.1@sha256:"
         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
     )
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"][0] == "operator" and container["args"][-1] == "--log-format=json"
+    assert "--trainer-image=registry.example.com:5000/kubetrain/trainer:0.1.0-rc.1@sha256:" \
+        "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210" in container["args"]
+    assert "--log-format=json" in container["args"]
+    assert container["args"][0] == "operator" and container["args"][-1] == "--progress-interval=30"
     assert {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"} in container["env"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["serviceAccountName"] == "ml-operator"
@@ -306,8 +312,16 @@ def test_custom_image_values_reach_the_pod() -> None:
 
 def test_image_tag_defaults_to_the_app_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    image = operator_container(render())["image"]
-    assert image == f"ghcr.io/kubetrain/kubetrain-operator:{chart['appVersion']}"
+    container = operator_container(render())
+    assert container["image"] == f"kubetrain/operator:{chart['appVersion']}"
+    assert f"--trainer-image=kubetrain/trainer:{chart['appVersion']}" in container["args"]
+
+
+def test_trainer_image_tag_and_digest_reach_the_operator() -> None:
+    digest = "sha256:" + "ab" * 32
+    args = operator_container(render(sets=("trainer.image.repository=registry.example.com/kubetrain/trainer",
+                                            "trainer.image.tag=v7", f"trainer.image.digest={digest}")))["args"]
+    assert f"--trainer-image=registry.example.com/kubetrain/trainer:v7@{digest}" in args
 
 
 # --- RBAC ---------------------------------------------------------------------------------------------------
@@ -466,6 +480,11 @@ def test_pod_monitor_labels_targets_with_the_training_job() -> None:
         ("image.digest=latest", "digest"),
         ("watchNamespaces[0]=Team_A", "watchNamespaces"),
         ("operator.logLevel=loud", "logLevel"),
+        ("operator.logFormat=xml", "logFormat"),
+        ("trainer.image.repository=kubetrain/trainer:0.1.0", "repository"),
+        ("trainer.image.tag=a b", "tag"),
+        ("trainer.image.digest=latest", "digest"),
+        ("trainer.imag.tag=1", "imag"),
         ("operator.metricsPort=70000", "metricsPort"),
         ("serviceMonitor.interval=fast", "interval"),
         ("prometheusRule.alerts.GPUMemoryNearFull.threshold=2", "threshold"),
@@ -493,3 +512,4 @@ def test_notes_teach_the_next_commands(tmp_path: Path) -> None:
     assert "kubectl -n team-a get trainingjobs" in notes
     assert "kubectl -n team-a describe tj" in notes
     assert "kubectl apply --server-side" in notes  # the CRD upgrade step
+    assert f"Jobs that leave spec.image unset run {DEFAULT_TRAINER_IMAGE}." in notes

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
-from kubetrain.cli import main
+from kubetrain import api
+from kubetrain.cli import LOG_FORMATS, main
 from kubetrain.local import plan_local_run
 from kubetrain.spec import parse
 from tests.invalid_specs import base_job
 from tests.lab.lab import Lab
+from tests.operator_cli import launch_operator
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -78,6 +81,93 @@ def test_render_refuses_an_invalid_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["render", str(write(tmp_path, yaml.safe_dump(job)))])
     assert result.exit_code == 1
     assert "spec.gpusPerNode: must be at most 16" in result.output
+
+
+def _rendered_images(*args: str) -> set[str]:
+    result = CliRunner().invoke(main, ["render", *args])
+    assert result.exit_code == 0, result.output
+    return {o["spec"]["containers"][0]["image"] for o in yaml.safe_load_all(result.output) if o["kind"] == "Pod"}
+
+
+def test_render_gives_jobs_without_an_image_the_trainer_image(tmp_path: Path) -> None:
+    job = str(write(tmp_path, yaml.safe_dump(base_job())))
+    assert _rendered_images(job) == {api.DEFAULT_TRAINER_IMAGE}
+    assert _rendered_images(job, "--trainer-image", "registry.example.com/kubetrain/trainer:0.1.0") == {
+        "registry.example.com/kubetrain/trainer:0.1.0"}
+
+
+def test_render_keeps_the_jobs_own_image(tmp_path: Path) -> None:
+    document = base_job()
+    document["spec"]["image"] = "registry.example.com/team/trainer:7"
+    job = str(write(tmp_path, yaml.safe_dump(document)))
+    assert _rendered_images(job, "--trainer-image", "registry.example.com/kubetrain/trainer:0.1.0") == {
+        "registry.example.com/team/trainer:7"}
+
+
+@pytest.mark.parametrize("command", ["render", "operator"])
+@pytest.mark.parametrize(("image", "problem"), [("", "at least 1 characters"), ("my image", "must match the pattern")])
+def test_trainer_image_obeys_the_bounds_of_spec_image(command: str, image: str, problem: str, tmp_path: Path) -> None:
+    target = [str(write(tmp_path, yaml.safe_dump(base_job())))] if command == "render" else ["--all-namespaces"]
+    result = CliRunner().invoke(main, [command, *target, "--trainer-image", image])
+    assert result.exit_code == 2, result.output
+    assert "--trainer-image" in result.output and problem in result.output
+
+
+def test_operator_hands_its_settings_to_kopf_and_the_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = launch_operator(["-n", "team-a", "-n", "team-b", "--metrics-port=9090", "--liveness=",
+                              "--progress-interval=30", "--trainer-image=registry.example.com/kubetrain/trainer:1"],
+                             monkeypatch)
+    assert launch.exit_code == 0, launch.output
+    assert launch.run_kwargs is not None
+    assert launch.run_kwargs["namespaces"] == ("team-a", "team-b") and launch.run_kwargs["clusterwide"] is False
+    assert launch.run_kwargs["liveness_endpoint"] is None
+    assert launch.metrics_port == 9090
+    assert launch.config.trainer_image == "registry.example.com/kubetrain/trainer:1"
+    assert launch.config.progress_interval == 30
+
+
+def test_operator_defaults_to_the_trainer_image_and_normal_plain_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = launch_operator(["--all-namespaces"], monkeypatch)
+    assert launch.exit_code == 0, launch.output
+    assert launch.config.trainer_image == api.DEFAULT_TRAINER_IMAGE
+    assert launch.root_level == logging.INFO
+    assert launch.log_line("reconciled") == "reconciled"
+
+
+@pytest.mark.parametrize(
+    ("args", "level", "asyncio_too"),
+    [
+        (["--log-level=quiet"], logging.WARNING, False),
+        (["--log-level=normal"], logging.INFO, False),
+        (["--log-level=verbose"], logging.DEBUG, False),
+        (["-v"], logging.DEBUG, False),
+        (["--log-level=debug"], logging.DEBUG, True),
+        (["-v", "--log-level=quiet"], logging.WARNING, False),  # the last one wins
+        (["--log-level=quiet", "-v"], logging.DEBUG, False),
+    ],
+)
+def test_operator_log_level_reaches_the_root_logger(args: list[str], level: int, asyncio_too: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = launch_operator(["--all-namespaces", *args], monkeypatch)
+    assert launch.exit_code == 0, launch.output
+    assert (launch.root_level, launch.asyncio_propagates) == (level, asyncio_too)
+
+
+def test_operator_log_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = {}
+    for log_format in LOG_FORMATS:
+        launch = launch_operator(["--all-namespaces", f"--log-format={log_format}"], monkeypatch)
+        assert launch.exit_code == 0, launch.output
+        lines[log_format] = launch.log_line("reconciled", logging.WARNING)
+    assert lines["plain"] == "reconciled"
+    assert lines["full"].startswith("[") and "WARNING" in lines["full"] and lines["full"].endswith("reconciled")
+    assert json.loads(lines["json"])["message"] == "reconciled"
+
+
+@pytest.mark.parametrize("args", [["--log-level=loud"], ["--log-format=xml"], ["--quiet"]])
+def test_operator_rejects_unknown_logging_arguments(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = launch_operator(["--all-namespaces", *args], monkeypatch)
+    assert launch.exit_code == 2 and launch.run_kwargs is None, launch.output
 
 
 def test_run_refuses_gpus_this_machine_lacks() -> None:

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.lab
 Json = Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trainingjob-cpu.yaml"
+CLAIM = ROOT / "examples" / "storage" / "checkpoints-pvc.yaml"
 RELEASE, RELEASE_NAMESPACE = "e2e", "kubetrain-e2e"
 JOURNEY, FAULT = "e2e-journey", "e2e-fault"
 # Panels that read GPU metrics (NVML, DCGM, allocator, MFU) cannot have data on this CPU-only machine.
@@ -111,7 +112,7 @@ def test_chart_identity_is_least_privilege(platform: Platform) -> None:
 def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
     lab = platform.lab
     jobs = Jobs(lab, JOURNEY)
-    lab.create_volume(JOURNEY, "digits-checkpoints")  # the storage class's part: the lab has no provisioner
+    lab.kubectl("apply", "-n", JOURNEY, "-f", str(CLAIM))  # bound by the lab's default storage class
     lab.kubectl("apply", "-n", JOURNEY, "-f", str(EXAMPLE))
     status = jobs.wait("digits", lambda s: s.get("progress", {}).get("step", 0) >= 120, "training past step 120",
                        timeout=300)
@@ -157,7 +158,7 @@ def _panels_without_data(prometheus: Prometheus, namespace: str, job: str) -> li
 def test_killed_worker_resumes_from_its_checkpoint(platform: Platform) -> None:
     lab = platform.lab
     jobs = Jobs(lab, FAULT)
-    lab.create_volume(FAULT, "digits-checkpoints")
+    lab.kubectl("apply", "-n", FAULT, "-f", str(CLAIM))
     lab.kubectl("apply", "-n", FAULT, "-f", str(EXAMPLE))
     status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 100,
                        "a checkpoint at step 100 or later", timeout=300)

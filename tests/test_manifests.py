@@ -78,6 +78,24 @@ def test_rendezvous_id_changes_with_every_attempt() -> None:
     assert len(ids) == 3
 
 
+def _images(pods: list[dict[str, Any]]) -> set[str]:
+    return {pod["spec"]["containers"][0]["image"] for pod in pods}
+
+
+def test_jobs_without_an_image_run_the_operators_trainer_image() -> None:
+    job = _job(base_job())
+    configured = "registry.example.com/kubetrain/trainer:0.1.0"
+    assert _images(list(build_pods(job, 0, default_image=configured))) == {configured}
+    assert _images(list(build_pods(job, 0))) == {api.DEFAULT_TRAINER_IMAGE}
+
+
+def test_a_jobs_own_image_wins_over_the_operators() -> None:
+    document = base_job()
+    document["spec"]["image"] = "registry.example.com/team/trainer:7"
+    pods = list(build_pods(_job(document), 0, default_image="registry.example.com/kubetrain/trainer:0.1.0"))
+    assert _images(pods) == {"registry.example.com/team/trainer:7"}
+
+
 def test_elastic_job_passes_a_node_range() -> None:
     document = base_job()
     document["spec"]["elastic"] = {"minNodes": 1, "maxNodes": 4}

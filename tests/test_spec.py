@@ -37,7 +37,7 @@ def test_examples_are_valid(path: Path) -> None:
 def test_defaults_are_applied() -> None:
     job = parse(base_job())
     spec = job.spec
-    assert spec.image == "kubetrain/trainer:0.1.0"
+    assert spec.image is None  # no CRD default: the operator's configured trainer image applies
     assert spec.failure_policy.backoff_limit == 3
     assert spec.failure_policy.stall_timeout_seconds == 600
     assert spec.run_policy.clean_pod_policy == "Running"
@@ -118,6 +118,16 @@ class TestTransitionRules:
         new = base_job()
         new["spec"]["image"] = "other:1"
         assert "spec.image" in {p.path for p in validate(new, old)}
+
+    def test_unset_image_stays_valid_while_running(self) -> None:
+        old = self._running(base_job())
+        assert validate(base_job(), old) == []
+
+    def test_image_cannot_be_set_or_unset_while_running(self) -> None:
+        with_image = base_job()
+        with_image["spec"]["image"] = "other:1"
+        assert "spec.image" in {p.path for p in validate(with_image, self._running(base_job()))}
+        assert "spec.image" in {p.path for p in validate(base_job(), self._running(with_image))}
 
     def test_image_may_change_while_suspended(self) -> None:
         old = {**base_job(), "status": {"phase": "Suspended"}}

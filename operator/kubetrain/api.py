@@ -15,6 +15,7 @@ __all__ = [
     "CHECKPOINT_VOLUME",
     "CONTAINER_NAME",
     "DEFAULT_MANAGED_BY",
+    "DEFAULT_TRAINER_IMAGE",
     "ENV",
     "GPU_RESOURCE",
     "GROUP",
@@ -42,6 +43,10 @@ PLURAL: Final = "trainingjobs"
 SINGULAR: Final = "trainingjob"
 SHORT_NAME: Final = "tj"
 DEFAULT_MANAGED_BY: Final = "kubetrain.io/operator"
+# The image of jobs that leave spec.image unset, unless the operator is started with another one
+# (`kubetrain operator --trainer-image`; the chart passes its `trainer.image`). Its tag is the release:
+# tests/test_image_names.py keeps it equal to the chart's appVersion.
+DEFAULT_TRAINER_IMAGE: Final = "kubetrain/trainer:0.1.0"
 
 # Ports inside every pod. The trainer serves metrics on METRICS_PORT + local rank.
 RENDEZVOUS_PORT: Final = 29400

@@ -12,12 +12,17 @@ import yaml
 
 from kubetrain import api
 from kubetrain.manifests import build_pods, build_service
-from kubetrain.schema import Problem
+from kubetrain.schema import Problem, field_problems
 from kubetrain.spec import SpecError, TrainingJob, parse, validate
 
 __all__ = ["main"]
 
 EXIT_INVALID = 2
+# `kubetrain operator --log-level`: the chart's operator.logLevel values, one for one
+# (tests/test_chart_operator_args.py keeps them equal).
+LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
+# kopf's log formats (kopf.LogFormat), by their lower-case names.
+LOG_FORMATS = ("plain", "full", "json")
 
 
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
@@ -68,6 +73,19 @@ def load_job(path: Path, namespace: str | None = None) -> TrainingJob:
         raise click.ClickException(str(error)) from error
 
 
+def _image_reference(_context: click.Context, _parameter: click.Parameter, value: str) -> str:
+    """The default trainer image stands in for spec.image: the same bounds apply."""
+    problems = field_problems("spec.image", value)
+    if problems:
+        raise click.BadParameter("; ".join(problem.message for problem in problems))
+    return value
+
+
+trainer_image_option = click.option(
+    "--trainer-image", default=api.DEFAULT_TRAINER_IMAGE, show_default=True, metavar="REF",
+    callback=_image_reference, help="Image of the pods of jobs that leave spec.image unset.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kubetrain")
 def main() -> None:
@@ -98,10 +116,11 @@ def validate_command(files: tuple[Path, ...]) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--namespace", "-n", default=None, help="Namespace of the rendered objects (default: the job's).")
 @click.option("--attempt", default=0, show_default=True, help="Attempt number to render the pods for.")
-def render_command(file: Path, namespace: str | None, attempt: int) -> None:
+@trainer_image_option
+def render_command(file: Path, namespace: str | None, attempt: int, trainer_image: str) -> None:
     """Print the Service and pods the operator would create for FILE, as YAML."""
     job = load_job(file, namespace)
-    objects = [build_service(job), *build_pods(job, attempt)]
+    objects = [build_service(job), *build_pods(job, attempt, default_image=trainer_image)]
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
@@ -136,9 +155,16 @@ def run_command(file: Path, workdir: Path) -> None:
               help="Liveness endpoint URL (empty: off).")
 @click.option("--progress-interval", default=10.0, show_default=True,
               help="Seconds between scrapes of a running job's rank-0 metrics.")
-@click.option("--verbose", "-v", is_flag=True, help="Log every handler call.")
+# --log-level first: -v shares its destination, and the last of the two on the command line wins.
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="normal", show_default=True,
+              help="quiet: warnings and errors only; verbose: every handler call; debug: asyncio's logs too.")
+@click.option("--verbose", "-v", "log_level", flag_value="verbose", help="Same as --log-level=verbose.")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="plain", show_default=True,
+              help="plain: the message (the kubelet adds timestamps); full: time, logger and level; "
+                   "json: one object per line.")
+@trainer_image_option
 def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int, liveness: str,
-                     progress_interval: float, verbose: bool) -> None:
+                     progress_interval: float, log_level: str, log_format: str, trainer_image: str) -> None:
     """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
     if not namespaces and not all_namespaces:
         raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
@@ -147,8 +173,9 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
 
     from kubetrain import handlers
 
-    handlers.configure(handlers.OperatorConfig(progress_interval=progress_interval))
-    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
+    handlers.configure(handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image))
+    kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",
+                   log_format=kopf.LogFormat[log_format.upper()])
     if metrics_port:
         start_http_server(metrics_port)
     # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.

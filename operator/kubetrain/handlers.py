@@ -42,6 +42,7 @@ class OperatorConfig:
     """Settings from the command line (see `kubetrain operator --help`)."""
 
     progress_interval: float = 10.0  # seconds between scrapes of a running job's metrics
+    trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
     resync_interval: float = 30.0  # every job is reconciled at least this often
     api_threads: int = 16
 
@@ -214,7 +215,8 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
         await kube.create(job.namespace, build_service(job))
         attempt = int(decision.status["attempt"])
         for index in decision.create:
-            if await kube.create(job.namespace, build_pod(job, index, attempt)):
+            pod = build_pod(job, index, attempt, default_image=state.config.trainer_image)
+            if await kube.create(job.namespace, pod):
                 metrics.POD_CREATIONS.inc()
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")

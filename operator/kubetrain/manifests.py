@@ -19,6 +19,7 @@ __all__ = [
     "build_pod",
     "build_pods",
     "build_service",
+    "container_image",
     "job_labels",
     "job_selector",
     "owner_reference",
@@ -184,8 +185,14 @@ def _spread(job: TrainingJob) -> dict[str, Json]:
     }]}}
 
 
-def build_pod(job: TrainingJob, index: int, attempt: int) -> dict[str, Json]:
-    """The pod for node ``index`` of attempt ``attempt``."""
+def container_image(job: TrainingJob, default_image: str) -> str:
+    """The job's own image, else the operator's (so a cluster sets its trainer image once, not per job)."""
+    return job.spec.image or default_image
+
+
+def build_pod(job: TrainingJob, index: int, attempt: int, *,
+              default_image: str = api.DEFAULT_TRAINER_IMAGE) -> dict[str, Json]:
+    """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image."""
     spec = job.spec
     name = pod_name(job.name, index)
     labels = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
@@ -208,7 +215,7 @@ def build_pod(job: TrainingJob, index: int, attempt: int) -> dict[str, Json]:
         },
         "containers": [{
             "name": api.CONTAINER_NAME,
-            "image": spec.image,
+            "image": container_image(job, default_image),
             "command": ["torchrun"],
             "args": _container_args(job),
             "env": _env(job, index, attempt),
@@ -238,7 +245,8 @@ def build_pod(job: TrainingJob, index: int, attempt: int) -> dict[str, Json]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_pods(job: TrainingJob, attempt: int) -> Iterator[dict[str, Json]]:
+def build_pods(job: TrainingJob, attempt: int, *,
+               default_image: str = api.DEFAULT_TRAINER_IMAGE) -> Iterator[dict[str, Json]]:
     """Every pod of an attempt, one per desired node."""
     for index in range(job.spec.nodes):
-        yield build_pod(job, index, attempt)
+        yield build_pod(job, index, attempt, default_image=default_image)

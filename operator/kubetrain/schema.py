@@ -20,7 +20,7 @@ import jsonschema
 import yaml
 from celpy.adapter import json_to_cel
 
-__all__ = ["Problem", "apply_defaults", "crd", "crd_schema", "validate_object"]
+__all__ = ["Problem", "apply_defaults", "crd", "crd_schema", "field_problems", "validate_object"]
 
 Json = Any
 
@@ -218,6 +218,19 @@ def _correlate(schema: Mapping[str, Json], item: Json, old: Json) -> Json:
         if isinstance(candidate, dict) and all(candidate.get(k) == item.get(k) for k in keys):
             return candidate
     return None
+
+
+def field_problems(path: str, value: Json) -> list[Problem]:
+    """Problems of ``value`` as the TrainingJob field at ``path`` (e.g. "spec.image"), by that field's schema.
+
+    For settings that stand in for a field (the operator's default trainer image), so they obey its bounds.
+    """
+    schema: Mapping[str, Json] | None = crd_schema()
+    for key in path.split("."):
+        schema = _child_schema(schema, key) if schema is not None else None
+    if schema is None:
+        raise KeyError(f"the CRD has no field {path}")
+    return [Problem(path, problem.message) for problem in _schema_problems(schema, value)]
 
 
 def validate_object(obj: Json, old: Json = None) -> tuple[Json, list[Problem]]:

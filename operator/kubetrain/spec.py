@@ -112,7 +112,7 @@ class Scheduling:
 
 @dataclass(frozen=True)
 class JobSpec:
-    image: str
+    image: str | None  # None: the operator's trainer image (see manifests.container_image)
     command: tuple[str, ...] | None
     args: tuple[str, ...]
     trainer: Mapping[str, Json] | None
@@ -230,7 +230,7 @@ def _job_spec(spec: Mapping[str, Json]) -> JobSpec:
     procs = spec.get("procsPerNode") or gpus or 1
     trainer = spec.get("trainer")
     return JobSpec(
-        image=spec["image"],
+        image=spec.get("image"),
         command=tuple(spec["command"]) if "command" in spec else None,
         args=tuple(spec.get("args", ())),
         trainer=_frozen(trainer) if trainer is not None else None,

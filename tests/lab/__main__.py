@@ -1,4 +1,4 @@
-"""``python -m tests.lab build | up [--nodes N --gpus-per-node G] | down | serve``."""
+"""``python -m tests.lab build | images | up [--nodes N --gpus-per-node G --real-node] | down | serve``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from tests.lab.procs import kill_tree
 UP_DIR = LAB_HOME / "up"
 READY_FILE = "ready"
 UP_TIMEOUT_S = 180
+# A real node imports the project's images into its containerd (the trainer's is gigabytes).
+REAL_NODE_UP_TIMEOUT_S = 1200
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -28,7 +30,7 @@ def _serve(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     run_dir = Path(args.run_dir)
-    with Lab(run_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node) as lab:
+    with Lab(run_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node) as lab:
         (run_dir / READY_FILE).write_text(str(lab.kubeconfig))
         stopping.wait()
     (run_dir / READY_FILE).unlink(missing_ok=True)
@@ -39,15 +41,20 @@ def _up(args: argparse.Namespace) -> int:
         print(f"a lab is already up (see {UP_DIR}); run `python -m tests.lab down` first", file=sys.stderr)
         return 1
     ensure_all()  # in the foreground, so that a cold build shows its progress here
+    if args.real_node:
+        from tests.lab.oci import ensure_images
+
+        ensure_images()
     UP_DIR.mkdir(parents=True, exist_ok=True)
     (UP_DIR / READY_FILE).unlink(missing_ok=True)
     argv = [sys.executable, "-m", "tests.lab", "serve", "--run-dir", str(UP_DIR),
-            "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]
+            "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
+            *(["--real-node"] if args.real_node else [])]
     with (UP_DIR / "lab.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[2])
     (UP_DIR / "serve.pid").write_text(str(proc.pid))
-    deadline = time.monotonic() + UP_TIMEOUT_S
+    deadline = time.monotonic() + (REAL_NODE_UP_TIMEOUT_S if args.real_node else UP_TIMEOUT_S)
     while not (UP_DIR / READY_FILE).exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             print(f"the lab did not come up; see {UP_DIR / 'lab.log'}", file=sys.stderr)
@@ -84,15 +91,26 @@ def _build(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _images(_args: argparse.Namespace) -> int:
+    from tests.lab.oci import ensure_images
+
+    for name, path in ensure_images().items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build the missing binaries into the cache")
+    sub.add_parser("images", help="build the operator and trainer images from their Dockerfiles (cached)")
     for name in ("up", "serve"):
         helptext = "start a lab in the background" if name == "up" else argparse.SUPPRESS
         command = sub.add_parser(name, help=helptext)
         command.add_argument("--nodes", type=int, default=2)
         command.add_argument("--gpus-per-node", type=int, default=0)
+        command.add_argument("--real-node", action="store_true",
+                             help="also run a real kubelet + containerd node with the project's images")
         if name == "serve":
             command.add_argument("--run-dir", required=True)
     sub.add_parser("down", help="stop the lab started by `up` and clean up after crashed labs")
@@ -100,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         _serve(args)
         return 0
-    handlers = {"build": _build, "up": _up, "down": _down}
+    handlers = {"build": _build, "images": _images, "up": _up, "down": _down}
     return handlers[args.command](args)
 
 

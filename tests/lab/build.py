@@ -59,11 +59,12 @@ def _build_module(key: str, module: GoModule, names: list[str]) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     ldflags = " ".join(["-s", "-w", *(f"-X {var}" for var in module.version_vars)])
+    tags = ["-tags", ",".join(module.tags)] if module.tags else []
     command = [
-        go_binary(), "build", "-trimpath", "-ldflags", ldflags, "-o", f"{staging}/",
+        go_binary(), "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", f"{staging}/",
         *(module.packages[name] for name in names),
     ]
-    env = {**os.environ, "CGO_ENABLED": "0"}
+    env = {**os.environ, "CGO_ENABLED": "1" if module.cgo else "0"}
     _log(f"building {', '.join(names)} {module.version} "
          "(cold: Kubernetes 15-30 min on 2 cores, etcd and helm a few minutes)")
     started = time.monotonic()

@@ -1,7 +1,13 @@
-"""etcd, kube-apiserver, kube-controller-manager and kube-scheduler on 127.0.0.1 with free ports."""
+"""etcd, kube-apiserver, kube-controller-manager and kube-scheduler with free ports.
+
+etcd and the controllers stay on 127.0.0.1. The apiserver listens on the address it is given: the lab bridge's
+gateway, so that a real node's pods (in their own network namespaces) reach it through the `kubernetes`
+Service, whose endpoints the apiserver then keeps itself (loopback endpoints would be refused).
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import ssl
 import urllib.error
@@ -13,6 +19,7 @@ from tests.lab.build import ensure_binary
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.pki import CertFiles, Pki
 from tests.lab.procs import ManagedProcess, free_port, wait_for
+from tests.lab.runpaths import etcd_data_dir
 
 SERVICE_CIDR = "10.0.0.0/24"
 # Short, so that a node whose heartbeats stop turns NotReady within ~20 s (kubelet default: 40 s).
@@ -28,13 +35,17 @@ class Identities:
 
 
 class ControlPlane:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, host: str = "127.0.0.1") -> None:
         self.run_dir = run_dir
+        self.host = host
         self.pki = Pki(run_dir / "pki")
-        self.serving = self.pki.apiserver_serving()
+        self.serving = self.pki.apiserver_serving(extra_ips=(host,))
+        # The apiserver's identity towards kubelets (`kubectl logs`, `exec`).
+        self.kubelet_client = self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                             "system:masters")
         self.sa_keys = self.pki.service_account_keys()
         self.apiserver_port = free_port()
-        self.server = f"https://127.0.0.1:{self.apiserver_port}"
+        self.server = f"https://{host}:{self.apiserver_port}"
         self.identities = Identities(
             admin=self._component_kubeconfig("admin", "kubetrain-lab-admin", "system:masters"),
             controller_manager=self._component_kubeconfig(
@@ -58,9 +69,7 @@ class ControlPlane:
     def start_etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        shm = Path("/dev/shm")
-        data_root = shm if shm.is_dir() else self.run_dir
-        self.etcd_data = data_root / f"kubetrain-lab-etcd-{self.run_dir.name}"
+        self.etcd_data = etcd_data_dir(self.run_dir)
         proc = self._process("etcd", [
             str(ensure_binary("etcd")), "--name=lab", f"--data-dir={self.etcd_data}",
             f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
@@ -74,14 +83,19 @@ class ControlPlane:
     # kube-apiserver -----------------------------------------------------------------------------
     def apiserver_argv(self) -> list[str]:
         pki = self.pki
+        reconciler = "none" if ipaddress.ip_address(self.host).is_loopback else "lease"
         return [
             str(ensure_binary("kube-apiserver")),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--bind-address={self.host}", f"--secure-port={self.apiserver_port}",
+            f"--advertise-address={self.host}", f"--endpoint-reconciler-type={reconciler}",
             f"--tls-cert-file={self.serving.cert}", f"--tls-private-key-file={self.serving.key}",
             f"--client-ca-file={pki.ca.cert}",
             f"--kubelet-certificate-authority={pki.ca.cert}",
+            f"--kubelet-client-certificate={self.kubelet_client.cert}",
+            f"--kubelet-client-key={self.kubelet_client.key}",
+            # Node names are not in DNS; the real kubelet's serving cert names its InternalIP.
+            "--kubelet-preferred-address-types=InternalIP",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",

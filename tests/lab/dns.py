@@ -6,6 +6,7 @@ Names outside ``cluster.local`` get NXDOMAIN at once: the lab never forwards any
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
@@ -46,8 +47,13 @@ def _endpoint_pods(service: JSON, pods: list[JSON]) -> list[JSON]:
 class ClusterResolver(BaseResolver):  # type: ignore[misc]
     def __init__(self, api: Rest) -> None:
         self.api = api
+        # Clients behind kube-proxy (a real node's pods) get a Service's ClusterIP, as from CoreDNS.
+        self.proxied_clients: list[ipaddress.IPv4Network] = []
 
-    def lookup(self, name: str) -> list[str] | None:
+    def _proxied(self, client: str | None) -> bool:
+        return client is not None and any(ipaddress.ip_address(client) in net for net in self.proxied_clients)
+
+    def lookup(self, name: str, client: str | None = None) -> list[str] | None:
         """IPv4 addresses for a cluster name, or None when the name does not exist."""
         name = name.rstrip(".").lower()
         if not name.endswith("." + ZONE):
@@ -72,14 +78,16 @@ class ClusterResolver(BaseResolver):  # type: ignore[misc]
                 return None
             return [p["status"]["podIP"] for p in endpoints if p["spec"].get("hostname") == labels[0]
                     and p["spec"].get("subdomain") == service_name] or None
-        # No kube-proxy in the lab, so a ClusterIP Service resolves to its ready backends directly.
+        if not headless and self._proxied(client):
+            return [service["spec"]["clusterIP"]]
+        # Process nodes have no kube-proxy, so there a ClusterIP Service resolves to its ready backends.
         return [p["status"]["podIP"] for p in endpoints]
 
     def resolve(self, request: DNSRecord, handler: DNSHandler) -> DNSRecord:
         reply = request.reply()
         qname = request.q.qname
         try:
-            addresses = self.lookup(str(qname))
+            addresses = self.lookup(str(qname), handler.client_address[0])
         except Exception:  # a DNS server must answer; the error is logged, the client gets SERVFAIL
             log.exception("lab DNS lookup of %s failed", qname)
             reply.header.rcode = RCODE.SERVFAIL
@@ -97,7 +105,7 @@ class ClusterDns:
     """UDP and TCP DNS on the bridge address, port 53, in the root network namespace."""
 
     def __init__(self, api: Rest, address: str) -> None:
-        resolver = ClusterResolver(api)
+        resolver = self.resolver = ClusterResolver(api)
         quiet = DNSLogger(log="-request,-reply,-truncated,-error,-recv,-send,-data", logf=lambda _s: None)
         self.address = address
         self.servers = [DNSServer(resolver, address=address, port=53, tcp=tcp, logger=quiet)

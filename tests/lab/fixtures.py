@@ -1,7 +1,10 @@
-"""Pytest plugin: a session-wide ``lab`` and a fresh ``namespace`` per test.
+"""Pytest plugin: a session-wide ``lab`` and a fresh ``namespace`` per test; ``real_lab`` and
+``real_namespace`` for tests on the real node.
 
-Enable with ``pytest_plugins = ["tests.lab.fixtures"]``. The lab is started on first use only, so runs that
-select no lab test don't pay for it. ``KUBETRAIN_LAB_NODES`` / ``KUBETRAIN_LAB_GPUS`` size it.
+Enable with ``pytest_plugins = ["tests.lab.fixtures"]``. Each lab is started on first use only, so runs that
+select none of its tests don't pay for it. ``KUBETRAIN_LAB_NODES`` / ``KUBETRAIN_LAB_GPUS`` size ``lab``.
+``real_lab`` is a lab of its own whose one node is a real kubelet + containerd running the project's images:
+pods of the process-node tests never land there, and examples apply to it unchanged.
 """
 
 from __future__ import annotations
@@ -38,9 +41,38 @@ def lab() -> Iterator[Lab]:
         the_lab.stop()
 
 
+REAL_NODE_TOOLS = ("podman", "mmdebstrap", "runc", "iptables", "gcc")
+
+
+@pytest.fixture(scope="session")
+def real_lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces, a bridge, mounts, cgroups)")
+    missing = [tool for tool in REAL_NODE_TOOLS if shutil.which(tool) is None]
+    if missing:  # a failure, not a skip: .ci/run installs them, and a skip would hide the whole real node
+        pytest.fail(f"the real node needs {', '.join(missing)}: see .ci/run's apt line")
+    run_dir = LAB_HOME / f"pytest-real-{os.getpid()}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    the_lab = Lab(run_dir, nodes=0, real_node=True)
+    the_lab.start()
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+
+
 @pytest.fixture
 def namespace(lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace (default ServiceAccount ready); deleted afterwards, leftover pods force-deleted."""
+    yield from _fresh_namespace(lab, request)
+
+
+@pytest.fixture
+def real_namespace(real_lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _fresh_namespace(real_lab, request)
+
+
+def _fresh_namespace(lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
     lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})

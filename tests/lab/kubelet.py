@@ -16,6 +16,7 @@ from tests.lab.images import ImageMap
 from tests.lab.network import PodNetwork
 from tests.lab.podworker import PodWorker, now, pod_processes, signal_pod
 from tests.lab.rest import JSON, ApiError, Rest
+from tests.lab.runpaths import emptydir_root
 
 log = logging.getLogger(__name__)
 LEASE_RENEW_S = 2.0
@@ -52,7 +53,7 @@ class Kubelet:
         self.network = network
         self.run_dir = run_dir
         self.images = images
-        self.shm_root = Path("/dev/shm") / f"kubetrain-lab-{run_dir.name}"
+        self.shm_root = emptydir_root(run_dir)
         self.nodes: dict[str, NodeInfo] = {}
         for index in range(nodes):
             name = f"lab-node-{index}"

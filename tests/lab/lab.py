@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -23,7 +24,10 @@ from tests.lab.kubelet import Kubelet
 from tests.lab.network import PodNetwork, remove_network
 from tests.lab.podworker import RUN_MARKER
 from tests.lab.procs import kill_tree, wait_for
+from tests.lab.provisioner import Provisioner
+from tests.lab.realnode import RealNode, RealNodeLayout, kill_containers, remove_leftovers
 from tests.lab.rest import JSON, ApiError, Rest
+from tests.lab.runpaths import shm_dirs
 from tests.lab.versions import cache_root
 
 log = logging.getLogger(__name__)
@@ -36,14 +40,18 @@ class Lab:
     """Start with :meth:`start` (or as a context manager); :meth:`stop` always leaves nothing behind."""
 
     def __init__(self, run_dir: Path, *, nodes: int = 2, gpus_per_node: int = 0,
-                 images: ImageMap | None = None) -> None:
+                 images: ImageMap | None = None, real_node: bool = False) -> None:
+        """``real_node``: also run a real kubelet + containerd node with the project's images (docs/lab.md)."""
         self.run_dir = run_dir.resolve()
         self.node_count = nodes
+        self.with_real_node = real_node
+        self.real_node: RealNode | None = None
         self.gpus_per_node = gpus_per_node
         self.images = images or ImageMap()
         self.control_plane: ControlPlane | None = None
         self.network: PodNetwork | None = None
         self.dns: ClusterDns | None = None
+        self.provisioner: Provisioner | None = None
         self.kubelet: Kubelet | None = None
 
     def __enter__(self) -> Lab:
@@ -67,21 +75,40 @@ class Lab:
         cleanup_stale()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        cp = self.control_plane = ControlPlane(self.run_dir)
+        # The network first: the apiserver listens on the bridge's gateway, where a real node reaches it.
+        self.network = PodNetwork.create()
+        cp = self.control_plane = ControlPlane(self.run_dir, host=self.network.gateway)
         cp.start_etcd()
         cp.start_apiserver()
         cp.start_controllers()
         self.api = self.admin_rest()
-        self.network = PodNetwork.create()
         self._write_state()
         self.dns = ClusterDns(self.admin_rest(), self.network.gateway)
         self.dns.start()
+        # The default StorageClass and its provisioner: a bare claim binds as on kind or minikube.
+        self.provisioner = Provisioner(self.admin_rest, self.run_dir)
+        self.provisioner.start()
         # Deviation: one kubelet plays every node with the admin identity, not system:node:<name> certs.
         self.kubelet = Kubelet(self.admin_rest, self.network, self.run_dir, self.images,
                                nodes=self.node_count, gpus_per_node=self.gpus_per_node)
         self.kubelet.start()
-        self.wait_nodes_ready(120)
+        if self.with_real_node:
+            self._start_real_node()
+        self.wait_nodes_ready(180)
         self.wait_service_account("default")
+
+    def _start_real_node(self) -> None:
+        from tests.lab.oci import ensure_images  # podman builds: only labs with a real node need them
+
+        assert self.network is not None
+        self.real_node = RealNode(self.run_dir, self.network, self.cp.pki, self.server,
+                                  index=self.node_count, images=list(ensure_images().values()))
+        assert self.dns is not None
+        self.dns.resolver.proxied_clients.append(ipaddress.IPv4Network(self.network.pod_cidr(self.node_count)))
+        try:
+            self.real_node.start()
+        finally:
+            self._write_state()  # its processes too, so that cleanup_stale can stop them after a crash
 
     def admin_rest(self) -> Rest:
         """A fresh JSON client with the admin identity (one per thread that holds long watches)."""
@@ -91,15 +118,18 @@ class Lab:
     def _write_state(self) -> None:
         cp = self.control_plane
         assert cp is not None and self.network is not None
-        state = {"pid": os.getpid(), "network": self.network.index,
-                 "processes": {name: p.pid for name, p in cp.processes.items()}}
+        processes = {**cp.processes, **(self.real_node.processes if self.real_node else {})}
+        state = {"pid": os.getpid(), "network": self.network.index, "real_node": self.with_real_node,
+                 "processes": {name: p.pid for name, p in processes.items()}}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state))
 
     def stop(self) -> None:
         """Reverse order; every step runs even when an earlier one fails."""
         steps: list[tuple[str, Callable[[], None]]] = [
             # Another live lab's pods may use a mountpoint we created (rmdir would detach their mounts).
+            ("real node", lambda: self.real_node.stop() if self.real_node else None),
             ("kubelet", lambda: self.kubelet.stop(not _other_labs_alive(self.run_dir)) if self.kubelet else None),
+            ("provisioner", lambda: self.provisioner.stop() if self.provisioner else None),
             ("dns", lambda: self.dns.stop() if self.dns else None),
             ("control plane", lambda: self.control_plane.stop() if self.control_plane else None),
             ("network", lambda: self.network.down() if self.network else None),
@@ -111,7 +141,7 @@ class Lab:
             except Exception as error:  # keep tearing down; report everything at the end
                 log.exception("lab: stopping %s failed", name)
                 errors.append(f"{name}: {error}")
-        for shm in _shm_dirs(self.run_dir):
+        for shm in shm_dirs(self.run_dir):
             shutil.rmtree(shm, ignore_errors=True)
         (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         if errors:
@@ -121,7 +151,8 @@ class Lab:
     def _nodes_schedulable(self) -> bool:
         nodes = self.api.get("/api/v1/nodes", labelSelector="kubetrain.dev/lab=true")["items"]
         unhealthy = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-        return len(nodes) == self.node_count and all(
+        expected = self.node_count + (1 if self.with_real_node else 0)
+        return len(nodes) == expected and all(
             not any(t["key"] in unhealthy for t in n["spec"].get("taints") or [])
             and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
             for n in nodes)
@@ -276,15 +307,14 @@ def cleanup_stale(home: Path = LAB_HOME) -> None:
                 kill_tree(int(pid), grace=2)
         for proc in _processes_of_run(state_file.parent):
             kill_tree(proc.pid, grace=2)
+        if state.get("real_node"):
+            layout = RealNodeLayout.of(state_file.parent)
+            kill_containers(layout)
+            remove_leftovers(layout)
         remove_network(int(state["network"]))
-        for shm in _shm_dirs(state_file.parent):
+        for shm in shm_dirs(state_file.parent):
             shutil.rmtree(shm, ignore_errors=True)
         state_file.unlink(missing_ok=True)
-
-
-def _shm_dirs(run_dir: Path) -> list[Path]:
-    """What a lab keeps on /dev/shm: etcd's data and memory-backed emptyDirs."""
-    return [Path("/dev/shm") / f"kubetrain-lab-etcd-{run_dir.name}", Path("/dev/shm") / f"kubetrain-lab-{run_dir.name}"]
 
 
 def prune_run_dirs(prefix: str, keep: int = 3, home: Path = LAB_HOME) -> None:

@@ -39,6 +39,19 @@ class Sandbox:
     host_veth: str
 
 
+@dataclass(frozen=True)
+class NodeNamespace:
+    """A real node's own network namespace: its InternalIP on the lab bridge, its pods' subnet behind it."""
+
+    netns: str
+    ip: str
+    pod_cidr: str
+
+    @property
+    def path(self) -> str:
+        return f"/run/netns/{self.netns}"
+
+
 class PodNetwork:
     def __init__(self, index: int) -> None:
         self.index = index
@@ -71,10 +84,36 @@ class PodNetwork:
         ip("addr", "add", f"{self.gateway}/16", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
 
+    def _node_address(self, node_index: int) -> str:
+        return str(self.subnet.network_address + 255 * 256 + node_index + 1)
+
     def node_ip(self, node_index: int) -> str:
-        address = str(self.subnet.network_address + 255 * 256 + node_index + 1)
+        """A process node's address: on the bridge itself, since its kubelet lives in this namespace."""
+        address = self._node_address(node_index)
         ip("addr", "add", f"{address}/32", "dev", self.bridge, check=False)
         return address
+
+    def create_node_namespace(self, node_index: int) -> NodeNamespace:
+        """A namespace for a real node's kubelet, containerd and kube-proxy, wired to the lab bridge.
+
+        Its iptables rules (kube-proxy), CNI bridge and ports stay inside, so two labs never meet. It
+        forwards between its pods and the lab bridge, and answers ARP there for its pods' addresses
+        (proxy_arp), so process pods reach real pods without routes of their own.
+        """
+        node = NodeNamespace(f"{PREFIX}{self.index}-node{node_index}", self._node_address(node_index),
+                             self.pod_cidr(node_index))
+        host_veth = f"kn{self.index}n{node_index}"
+        ip("netns", "add", node.netns)
+        ip("link", "add", host_veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
+        ip("link", "set", host_veth, "master", self.bridge, "up")
+        ip("-n", node.netns, "addr", "add", f"{node.ip}/16", "dev", "eth0")
+        ip("-n", node.netns, "link", "set", "eth0", "up")
+        ip("-n", node.netns, "link", "set", "lo", "up")
+        for key in ("net/ipv4/ip_forward", "net/ipv4/conf/eth0/proxy_arp", "net/bridge/bridge-nf-call-iptables"):
+            netns_sysctl(node.netns, key, "1")
+        # The lab's own address (apiserver, DNS) answers real pods through the node, as a router would.
+        ip("route", "add", node.pod_cidr, "via", node.ip, "dev", self.bridge)
+        return node
 
     def pod_cidr(self, node_index: int) -> str:
         return str(ipaddress.ip_network(f"10.{244 + self.index}.{node_index + 1}.0/24"))
@@ -114,6 +153,12 @@ class PodNetwork:
 
     def down(self) -> None:
         remove_network(self.index)
+
+
+def netns_sysctl(netns: str, key: str, value: str) -> None:
+    """Set a per-namespace sysctl (a key absent in this kernel is skipped)."""
+    script = f'[ ! -e /proc/sys/{key} ] || echo {value} > /proc/sys/{key}'
+    subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", script], check=True, capture_output=True)
 
 
 def remove_network(index: int) -> None:

@@ -96,9 +96,9 @@ class Pki:
         _write_key(files.key, key)
         return files
 
-    def apiserver_serving(self) -> CertFiles:
-        return self.issue("apiserver", "kube-apiserver", server=True,
-                          dns_names=APISERVER_NAMES, ips=APISERVER_IPS)
+    def apiserver_serving(self, extra_ips: tuple[str, ...] = ()) -> CertFiles:
+        ips = tuple(dict.fromkeys((*APISERVER_IPS, *extra_ips)))
+        return self.issue("apiserver", "kube-apiserver", server=True, dns_names=APISERVER_NAMES, ips=ips)
 
     def service_account_keys(self) -> CertFiles:
         """An RSA pair: the apiserver signs tokens with the private half and verifies with the public one."""

@@ -10,6 +10,7 @@ GO_DIR = Path(__file__).resolve().parent / "go"
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.22.0"
+CONTAINERD_VERSION = "v2.4.2"
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class GoModule:
     packages: dict[str, str]
     # -X flags that stamp the version into the binaries
     version_vars: tuple[str, ...] = ()
+    # containerd needs cgo (seccomp, overlay snapshotter); the build tags drop storage drivers we never use
+    cgo: bool = False
+    tags: tuple[str, ...] = ()
 
 
 def _k8s_version_vars() -> tuple[str, ...]:
@@ -47,6 +51,9 @@ MODULES: dict[str, GoModule] = {
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            # the real node (docs/lab.md, "The real node")
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
         },
         version_vars=_k8s_version_vars(),
     ),
@@ -60,6 +67,18 @@ MODULES: dict[str, GoModule] = {
         version=HELM_VERSION,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         version_vars=(f"helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+    "containerd": GoModule(
+        directory=GO_DIR / "containerd",
+        version=CONTAINERD_VERSION,
+        packages={
+            "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+            "containerd-shim-runc-v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+            "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+        },
+        version_vars=(f"github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",),
+        cgo=True,
+        tags=("no_btrfs", "no_devmapper", "no_zfs"),
     ),
 }
 

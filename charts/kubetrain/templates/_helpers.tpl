@@ -96,20 +96,22 @@ Name of the operator's ServiceAccount.
 {{- end }}
 
 {{/*
-The operator image: repository:tag, or repository:tag@digest when a digest is set.
+An image reference: repository:tag, or repository:tag@digest when a digest is set; the tag defaults to the
+chart's appVersion. Takes a dict: "image" (repository, tag, digest) and "ctx" (the root context).
 */}}
-{{- define "kubetrain.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- if .Values.image.digest }}
-{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- define "kubetrain.imageRef" -}}
+{{- $tag := default .ctx.Chart.AppVersion .image.tag }}
+{{- if .image.digest }}
+{{- printf "%s:%s@%s" .image.repository $tag .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" .image.repository $tag }}
 {{- end }}
 {{- end }}
 
 {{/*
-Arguments of `kubetrain operator`: the watched namespaces, the metrics port, kopf's liveness endpoint, the
-log level, then the user's extra args.
+Arguments of `kubetrain operator` (see `kubetrain operator --help`): the watched namespaces, the metrics
+port, kopf's liveness endpoint, logging, the trainer image of jobs without spec.image, then the user's
+extra args (last, so that they win over the chart's own).
 */}}
 {{- define "kubetrain.operatorArgs" -}}
 - operator
@@ -122,13 +124,9 @@ log level, then the user's extra args.
 {{- end }}
 - --metrics-port={{ .Values.operator.metricsPort }}
 - --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
-{{- if eq .Values.operator.logLevel "quiet" }}
-- --quiet
-{{- else if eq .Values.operator.logLevel "verbose" }}
-- --verbose
-{{- else if eq .Values.operator.logLevel "debug" }}
-- --debug
-{{- end }}
+- --log-level={{ .Values.operator.logLevel }}
+- --log-format={{ .Values.operator.logFormat }}
+- {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}

@@ -1,0 +1,250 @@
+"""The chart and the user's journey on the real node, as a user runs them: the operator image built from the
+project's Dockerfile runs inside the cluster (the chart's Deployment, its ServiceAccount through the
+`kubernetes` Service), jobs run the trainer image built from trainer_image/Dockerfile as uid 1000, and
+faults are real: the kernel's OOM killer, and a container SIGKILLed through containerd.
+
+The one change to the README's example: each pod asks 2 CPUs, and the lab's real node is this machine (2 CPUs in
+all, the operator's share included), so the test lowers `resources.cpu`. Everything else is applied unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.lab.build import ensure_binary
+from tests.lab.lab import Lab
+from tests.lab.oci import IMAGES
+from tests.lab.procs import wait_for
+from tests.lab.prometheus import Prometheus, start_prometheus
+from tests.monitoring import MONITORING_CRDS, service_monitor_job
+from tests.operator_fixtures import CHART, Jobs
+
+pytestmark = [pytest.mark.lab, pytest.mark.real_node]
+Json = Any
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "trainingjob-cpu.yaml"
+CLAIM = ROOT / "examples" / "storage" / "checkpoints-pvc.yaml"
+RELEASE, RELEASE_NAMESPACE = "kubetrain", "kubetrain-system"
+FITS_THE_NODE = "600m"  # two trainer pods and the operator on a 2-CPU machine
+
+
+def repository_and_tag(name: str) -> tuple[str, str]:
+    repository, tag = IMAGES[name].rsplit(":", 1)
+    return repository.removeprefix("docker.io/"), tag
+
+
+def local_image_values() -> list[str]:
+    """`--set` arguments that point the chart at the images built here (never pulled: no registry)."""
+    operator_repo, operator_tag = repository_and_tag("operator")
+    trainer_repo, trainer_tag = repository_and_tag("trainer")
+    return ["--set", f"image.repository={operator_repo}", "--set", f"image.tag={operator_tag}",
+            "--set", "image.digest=", "--set", "image.pullPolicy=Never",
+            "--set", f"trainer.image.repository={trainer_repo}", "--set", f"trainer.image.tag={trainer_tag}",
+            "--set", "trainer.image.digest="]
+
+
+def helm(lab: Lab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    argv = [str(ensure_binary("helm")), f"--kubeconfig={lab.kubeconfig}", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@dataclass
+class InCluster:
+    lab: Lab
+    prometheus: Prometheus
+    operator_pod: Json
+
+
+def operator_pods(lab: Lab, namespace: str, release: str) -> list[Json]:
+    pods: list[Json] = lab.api.get(f"/api/v1/namespaces/{namespace}/pods",
+                                   labelSelector=f"app.kubernetes.io/instance={release}")["items"]
+    return pods
+
+
+def _service_endpoint(lab: Lab, service_monitor: Json) -> str:
+    """Where prometheus-operator would scrape: the ready address and named port of the selected Service."""
+    selector = ",".join(f"{k}={v}" for k, v in service_monitor["spec"]["selector"]["matchLabels"].items())
+    (service,) = lab.api.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/services", labelSelector=selector)["items"]
+    port_name = service_monitor["spec"]["endpoints"][0]["port"]
+    slices = lab.api.get(f"/apis/discovery.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/endpointslices",
+                         labelSelector=f"kubernetes.io/service-name={service['metadata']['name']}")["items"]
+    port = next(p["port"] for s in slices for p in s.get("ports") or [] if p["name"] == port_name)
+    address = next(a for s in slices for e in s.get("endpoints") or []
+                   if e.get("conditions", {}).get("ready") for a in e["addresses"])
+    return f"{address}:{port}"
+
+
+@pytest.fixture(scope="module")
+def in_cluster(real_lab: Lab) -> Iterator[InCluster]:
+    lab = real_lab
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": MONITORING_CRDS}))
+    helm(lab, "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
+         "--wait", "--timeout=5m", *local_image_values(), "--set", "serviceMonitor.enabled=true",
+         "--set", "podMonitor.enabled=true", "--set", "serviceMonitor.interval=2s")
+    prometheus: Prometheus | None = None
+    try:
+        (monitor,) = lab.api.get(
+            f"/apis/monitoring.coreos.com/v1/namespaces/{RELEASE_NAMESPACE}/servicemonitors")["items"]
+        wait_for(lambda: _ready_endpoints(lab), 60, "the operator Service's endpoints")
+        target = _service_endpoint(lab, monitor)
+        prometheus = start_prometheus(lab, lambda _pods: [service_monitor_job(monitor, target)])
+        (pod,) = operator_pods(lab, RELEASE_NAMESPACE, RELEASE)
+        yield InCluster(lab, prometheus, pod)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        helm(lab, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+
+
+def _ready_endpoints(lab: Lab) -> bool:
+    slices = lab.api.get(f"/apis/discovery.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/endpointslices")["items"]
+    return any(e.get("conditions", {}).get("ready") for s in slices for e in s.get("endpoints") or [])
+
+
+def test_operator_deployment_runs_in_cluster_and_is_scraped(in_cluster: InCluster) -> None:
+    lab = in_cluster.lab
+    deployment = lab.api.get(f"/apis/apps/v1/namespaces/{RELEASE_NAMESPACE}/deployments")["items"][0]
+    available = {c["type"]: c["status"] for c in deployment["status"]["conditions"]}
+    assert available["Available"] == "True"
+    pod = in_cluster.operator_pod
+    assert pod["spec"]["containers"][0]["image"] == IMAGES["operator"].removeprefix("docker.io/")
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    # The liveness probe has had its chances to fail (initial delay 10 s, every 20 s, 3 failures).
+    probe = pod["spec"]["containers"][0]["livenessProbe"]
+    horizon = probe["initialDelaySeconds"] + probe["periodSeconds"] * probe["failureThreshold"] + 5
+    up = in_cluster.prometheus.wait_for('up{job=~"serviceMonitor/.*"} == 1', timeout=60)
+    assert up
+    wait_for(lambda: _running_for(lab, pod) > horizon, horizon + 30, "the liveness probe's window", interval=2)
+    current = lab.api.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{pod['metadata']['name']}")
+    assert current["status"]["containerStatuses"][0]["restartCount"] == 0
+    unhealthy = [e for e in lab.api.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/events")["items"]
+                 if e["reason"] == "Unhealthy"]
+    assert not unhealthy, unhealthy
+    assert in_cluster.prometheus.wait_for("kubetrain_reconcile_duration_seconds_count", timeout=30) is not None
+
+
+def _running_for(lab: Lab, pod: Json) -> float:
+    import datetime
+
+    current = lab.api.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{pod['metadata']['name']}")
+    started = current["status"]["containerStatuses"][0]["state"].get("running", {}).get("startedAt")
+    if not started:
+        return 0.0
+    began = datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - began).total_seconds()
+
+
+def example_job(*, cpu: str = FITS_THE_NODE) -> str:
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["resources"]["cpu"] = cpu
+    return yaml.safe_dump(job)
+
+
+def _processes_uids(lab: Lab, namespace: str, pod: str) -> set[str]:
+    script = ("import glob\nuids = set()\nfor p in glob.glob('/proc/[0-9]*/status'):\n"
+              "    try: uids.add(open(p).read().split('Uid:')[1].split()[0])\n"
+              "    except OSError: pass\nprint(' '.join(sorted(uids)))")
+    return set(lab.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", script).stdout.split())
+
+
+def _kill_container_through_containerd(lab: Lab, namespace: str, pod: str) -> None:
+    status = lab.api.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")["status"]
+    container_id = status["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    assert lab.real_node is not None
+    killed = lab.real_node.ctr("tasks", "kill", "--signal", "SIGKILL", container_id)
+    assert killed.returncode == 0, killed.stderr
+
+
+def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InCluster, real_namespace: str) -> None:
+    lab = in_cluster.lab
+    jobs = Jobs(lab, real_namespace)
+    lab.kubectl("apply", "-n", real_namespace, "-f", str(CLAIM))
+    lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job())
+    status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 100,
+                       "a checkpoint at step 100 or later", timeout=600)
+    saved = status["lastCheckpoint"]["step"]
+    pods = jobs.pods("digits")
+    assert all(p["spec"]["containers"][0]["image"] == IMAGES["trainer"].removeprefix("docker.io/")
+               for p in pods), "jobs without spec.image run the chart's trainer image"
+    assert _processes_uids(lab, real_namespace, "digits-0") == {"1000"}, "every process runs as uid 1000"
+    assert '"step"' in lab.kubectl("logs", "-n", real_namespace, "digits-0").stdout
+
+    _kill_container_through_containerd(lab, real_namespace, "digits-1")
+    status = jobs.wait_phase("digits", "Succeeded", timeout=900)
+    assert status["restarts"] == 1 and status["attempt"] == 1
+    (failure,) = status["failures"]
+    assert failure["pod"] == "digits-1" and failure["exitCode"] == 137 and failure["counted"] is True
+    assert status["progress"]["resumedFromStep"] >= saved
+    table = lab.kubectl("get", "tj", "-n", real_namespace).stdout
+    row = next(line for line in table.splitlines() if line.startswith("digits"))
+    assert "Succeeded" in row and "100% (300/300)" in row and status["progress"]["lossText"] in row
+    assert '"step"' in lab.kubectl("logs", "-n", real_namespace, "digits-0").stdout, "attempt 1's output"
+    _assert_checkpoints_written_by_uid_1000(lab, real_namespace)
+
+
+def _assert_checkpoints_written_by_uid_1000(lab: Lab, namespace: str) -> None:
+    claim = lab.api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/digits-checkpoints")
+    volume = lab.api.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
+    files = [p for p in Path(volume["spec"]["hostPath"]["path"]).rglob("*") if p.is_file()]
+    assert files, "checkpoints on the claim"
+    assert {os.stat(p).st_uid for p in files} == {1000}
+
+
+def test_job_over_its_memory_limit_fails_oomkilled(in_cluster: InCluster, real_namespace: str) -> None:
+    lab = in_cluster.lab
+    jobs = Jobs(lab, real_namespace)
+    spec = yaml.safe_load(example_job())["spec"]
+    spec.update(nodes=1, procsPerNode=1, resources={"cpu": "500m", "memory": "200Mi"})
+    spec.pop("checkpoint")
+    jobs.create("hungry", spec)
+    status = jobs.wait_phase("hungry", "Failed", timeout=300)
+    assert status["failures"][0]["reason"] == "OOMKilled", status
+    assert "OOMKilled" in status["message"] or any(c.get("reason") == "OOMKilled" for c in status["conditions"])
+
+
+LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def _values_prerequisites(lab: Lab, namespace: str, values: Path) -> None:
+    """What a values file expects to exist already (its ServiceAccount, its watched namespaces)."""
+    settings = yaml.safe_load(values.read_text()) or {}
+    for watched in settings.get("watchNamespaces", []):
+        lab.kubectl("create", "namespace", watched, check=False)
+    account = settings.get("serviceAccount", {})
+    if account.get("create") is False:
+        lab.kubectl("create", "serviceaccount", "-n", namespace, account["name"])
+
+
+@pytest.mark.parametrize("values", [*(str(v.name) for v in CI_VALUES), *(f"logLevel={lv}" for lv in LOG_LEVELS)])
+def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCluster, values: str) -> None:
+    lab = in_cluster.lab
+    slug = values.removesuffix("-values.yaml").replace("=", "-").lower()
+    release, namespace = f"m-{slug}", f"matrix-{slug}"
+    lab.kubectl("create", "namespace", namespace)
+    extra = ["--set", f"operator.{values}"] if values.startswith("logLevel=") else ["-f", str(CHART / "ci" / values)]
+    if not values.startswith("logLevel="):
+        _values_prerequisites(lab, namespace, CHART / "ci" / values)
+    # After the file: the images built here, and a schedulable pod on the lab (no pull secret can pull).
+    helm(lab, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *extra,
+         *local_image_values(), "--set", "imagePullSecrets=null", "--set", "priorityClassName=",
+         "--wait", "--timeout=3m")
+    try:
+        (pod,) = operator_pods(lab, namespace, release)
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] and status["restartCount"] == 0, status
+        logs = lab.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
+        assert "Error: " not in logs and "Usage:" not in logs, logs
+    finally:
+        helm(lab, "uninstall", release, "--namespace", namespace, "--wait")
