@@ -145,6 +145,44 @@ def _running_for(lab: Lab, pod: Json) -> float:
     return (datetime.datetime.now(datetime.UTC) - began).total_seconds()
 
 
+LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def _values_prerequisites(lab: Lab, namespace: str, values: Path) -> None:
+    """What a values file expects to exist already (its ServiceAccount, its watched namespaces)."""
+    settings = yaml.safe_load(values.read_text()) or {}
+    for watched in settings.get("watchNamespaces", []):
+        lab.kubectl("create", "namespace", watched, check=False)
+    account = settings.get("serviceAccount", {})
+    if account.get("create") is False:
+        lab.kubectl("create", "serviceaccount", "-n", namespace, account["name"])
+
+
+# Before the job tests: these operators watch every namespace, and no job of another test should exist yet.
+@pytest.mark.parametrize("values", [*(str(v.name) for v in CI_VALUES), *(f"logLevel={lv}" for lv in LOG_LEVELS)])
+def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCluster, values: str) -> None:
+    lab = in_cluster.lab
+    slug = values.removesuffix("-values.yaml").replace("=", "-").lower()
+    release, namespace = f"m-{slug}", f"matrix-{slug}"
+    lab.kubectl("create", "namespace", namespace)
+    extra = ["--set", f"operator.{values}"] if values.startswith("logLevel=") else ["-f", str(CHART / "ci" / values)]
+    if not values.startswith("logLevel="):
+        _values_prerequisites(lab, namespace, CHART / "ci" / values)
+    # After the file: the images built here, and a schedulable pod on the lab (no pull secret can pull).
+    helm(lab, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *extra,
+         *local_image_values(), "--set", "imagePullSecrets=null", "--set", "priorityClassName=",
+         "--wait", "--timeout=3m")
+    try:
+        (pod,) = operator_pods(lab, namespace, release)
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] and status["restartCount"] == 0, status
+        logs = lab.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
+        assert "Usage: kubetrain" not in logs, logs  # click's answer to an argument it rejects
+    finally:
+        helm(lab, "uninstall", release, "--namespace", namespace, "--wait")
+
+
 def example_job(*, cpu: str = FITS_THE_NODE) -> str:
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["resources"]["cpu"] = cpu
@@ -211,40 +249,3 @@ def test_job_over_its_memory_limit_fails_oomkilled(in_cluster: InCluster, real_n
     status = jobs.wait_phase("hungry", "Failed", timeout=300)
     assert status["failures"][0]["reason"] == "OOMKilled", status
     assert "OOMKilled" in status["message"] or any(c.get("reason") == "OOMKilled" for c in status["conditions"])
-
-
-LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
-CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-
-
-def _values_prerequisites(lab: Lab, namespace: str, values: Path) -> None:
-    """What a values file expects to exist already (its ServiceAccount, its watched namespaces)."""
-    settings = yaml.safe_load(values.read_text()) or {}
-    for watched in settings.get("watchNamespaces", []):
-        lab.kubectl("create", "namespace", watched, check=False)
-    account = settings.get("serviceAccount", {})
-    if account.get("create") is False:
-        lab.kubectl("create", "serviceaccount", "-n", namespace, account["name"])
-
-
-@pytest.mark.parametrize("values", [*(str(v.name) for v in CI_VALUES), *(f"logLevel={lv}" for lv in LOG_LEVELS)])
-def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCluster, values: str) -> None:
-    lab = in_cluster.lab
-    slug = values.removesuffix("-values.yaml").replace("=", "-").lower()
-    release, namespace = f"m-{slug}", f"matrix-{slug}"
-    lab.kubectl("create", "namespace", namespace)
-    extra = ["--set", f"operator.{values}"] if values.startswith("logLevel=") else ["-f", str(CHART / "ci" / values)]
-    if not values.startswith("logLevel="):
-        _values_prerequisites(lab, namespace, CHART / "ci" / values)
-    # After the file: the images built here, and a schedulable pod on the lab (no pull secret can pull).
-    helm(lab, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *extra,
-         *local_image_values(), "--set", "imagePullSecrets=null", "--set", "priorityClassName=",
-         "--wait", "--timeout=3m")
-    try:
-        (pod,) = operator_pods(lab, namespace, release)
-        status = pod["status"]["containerStatuses"][0]
-        assert status["ready"] and status["restartCount"] == 0, status
-        logs = lab.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
-        assert "Error: " not in logs and "Usage:" not in logs, logs
-    finally:
-        helm(lab, "uninstall", release, "--namespace", namespace, "--wait")

@@ -274,3 +274,18 @@ def test_unknown_task_options_are_rejected() -> None:
     with pytest.raises(ConfigError, match="unknown key"):
         build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options, data_dir=Path("/x"), rank=0,
                                world_size=1, device=torch.device("cpu")))
+
+
+def test_trainer_answers_help_and_refuses_arguments_instead_of_training(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kubetrain_trainer", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
+                                                              "KUBETRAIN_CHECKPOINT_DIR": str(tmp_path / "c")})
+    helped = run("--help")
+    assert helped.returncode == 0 and "KUBETRAIN_CONFIG" in helped.stdout
+    refused = run("--steps", "10")
+    assert refused.returncode == 2 and "unexpected arguments" in refused.stderr
+    assert not (tmp_path / "c").exists(), "nothing trained, no checkpoint written"

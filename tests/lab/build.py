@@ -6,18 +6,14 @@ Only what is missing is built; a warm cache makes this a no-op. A file lock keep
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from tests.lab.procs import file_lock, heartbeat, log_line
 from tests.lab.versions import BINARIES, MODULES, GoModule, binary_path, cache_root, module_of
 
 HEARTBEAT_S = 30.0
@@ -31,18 +27,7 @@ def go_binary() -> str:
 
 
 def _log(message: str) -> None:
-    print(f"[lab build {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    log_line("lab build", message)
 
 
 def _go_output_name(package: str) -> str:
@@ -68,17 +53,8 @@ def _build_module(key: str, module: GoModule, names: list[str]) -> None:
     _log(f"building {', '.join(names)} {module.version} "
          "(cold: Kubernetes 15-30 min on 2 cores, etcd and helm a few minutes)")
     started = time.monotonic()
-    done = threading.Event()
-
-    def heartbeat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            _log(f"still building {key} ({time.monotonic() - started:.0f} s)")
-
-    threading.Thread(target=heartbeat, daemon=True).start()
-    try:
+    with heartbeat(lambda elapsed: _log(f"still building {key} ({elapsed:.0f} s)"), HEARTBEAT_S):
         subprocess.run(command, cwd=module.directory, env=env, check=True)
-    finally:
-        done.set()
     for name in names:
         os.replace(staging / _go_output_name(module.packages[name]), out_dir / name)
     shutil.rmtree(staging, ignore_errors=True)
@@ -91,7 +67,7 @@ def ensure_binary(name: str) -> Path:
     if path.exists():
         return path
     key, module = module_of(name)
-    with _locked(cache_root() / f".{key}.lock"):
+    with file_lock(cache_root() / f".{key}.lock"):
         missing = [n for n in module.packages if not binary_path(n).exists()]
         if missing:
             _build_module(key, module, missing)

@@ -19,7 +19,6 @@ hybrid), cgroupfs, and rlimits no higher than the ones we have (raising one need
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -29,13 +28,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from tests.lab.procs import file_lock, heartbeat, log_line
 from tests.lab.versions import cache_root
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -90,18 +88,7 @@ def podman_command(*args: str) -> list[str]:
 
 
 def _log(message: str) -> None:
-    print(f"[lab images {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    log_line("lab images", message)
 
 
 def _last_line(path: Path) -> str:
@@ -115,18 +102,11 @@ def _last_line(path: Path) -> str:
 def _run_logged(command: Sequence[str], log_path: Path, what: str) -> None:
     """Run a long command with its output in log_path and a progress line every HEARTBEAT_S seconds."""
     started = time.monotonic()
-    done = threading.Event()
 
-    def heartbeat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            _log(f"still {what} ({time.monotonic() - started:.0f} s): {_last_line(log_path)}")
-
-    with log_path.open("w") as log:
-        threading.Thread(target=heartbeat, daemon=True).start()
-        try:
-            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
-        finally:
-            done.set()
+    def say(elapsed: float) -> None:
+        _log(f"still {what} ({elapsed:.0f} s): {_last_line(log_path)}")
+    with log_path.open("w") as log, heartbeat(say, HEARTBEAT_S):
+        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if result.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
         raise ImageBuildError(f"{what} failed (exit {result.returncode}); log {log_path}:\n{tail}")
@@ -148,7 +128,7 @@ def base_image_ref() -> str:
 def ensure_base_image() -> str:
     """Make the Debian base image in podman's storage if it is not there; return its image ID."""
     ref = base_image_ref()
-    with _locked(images_dir() / ".python-base.lock"):
+    with file_lock(images_dir() / ".python-base.lock"):
         existing = _podman_image_id(ref)
         if existing:
             return existing
@@ -284,7 +264,7 @@ def ensure_image(name: str) -> Path:
     archive = archive_path(name, image_key(name, base_id))
     if archive.exists():
         return archive
-    with _locked(images_dir() / f".{name}.lock"):
+    with file_lock(images_dir() / f".{name}.lock"):
         if not archive.exists():
             _build(name, base_image_ref(), archive)
     return archive

@@ -2,15 +2,52 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+
+
+def log_line(topic: str, message: str) -> None:
+    """A timestamped progress line on stderr (`[lab build 12:00:00] ...`): long builds show they are alive."""
+    print(f"[{topic} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock: concurrent builders of one cache entry (CI's and a pytest session's) wait in turn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def heartbeat(say: Callable[[float], None], every: float = 30.0) -> Iterator[None]:
+    """Call ``say(seconds elapsed)`` every ``every`` seconds while the block runs."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            say(time.monotonic() - started)
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def free_port() -> int:

@@ -74,7 +74,25 @@ def _termination_message(reason: str, code: int, step: int | None, message: str 
     path.write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
+def _arguments_answered(argv: list[str]) -> int | None:
+    """The trainer takes no arguments (its configuration is KUBETRAIN_CONFIG): answer --help, refuse the rest.
+
+    Without this, `torchrun -m kubetrain_trainer --help` would start training and write checkpoints.
+    """
+    if not argv:
+        return None
+    if argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    print(f"kubetrain-trainer: unexpected arguments {argv}: it is configured through KUBETRAIN_CONFIG "
+          "(see --help)", file=sys.stderr)
+    return EXIT_CONFIG
+
+
 def main() -> int:
+    answered = _arguments_answered(sys.argv[1:])
+    if answered is not None:
+        return answered
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # The graceful SIGTERM handler is installed when the training loop starts; until then SIGTERM keeps its
     # default action (exit at once): there is nothing to save yet, and a process blocked in rendezvous or
@@ -117,8 +135,10 @@ def main() -> int:
             _termination_message("Stopped", code, metrics.step, "SIGTERM: checkpoint saved")
         else:
             evals = {"evalLoss": metrics.eval_loss} if metrics.eval_loss is not None else {}
+            # Where this attempt resumed: the operator may never have scraped a short attempt.
+            resumed = {"resumedFromStep": metrics.resumed_from_step} if metrics.resumed_from_step >= 0 else {}
             _termination_message("Completed", code, metrics.step, f"loss {metrics.loss_last:.4g}",
-                                 loss=metrics.loss_last,
+                                 loss=metrics.loss_last, **resumed,
                                  **evals, **{f"eval{k[:1].upper()}{k[1:]}": v for k, v in metrics.eval_metrics.items()})
         return code
     except ConfigError as exc:
