@@ -122,6 +122,12 @@ INVALID: list[Case] = [
          "spec.runPolicy.cleanPodPolicy"),
     Case("bad-managed-by", _set("spec.runPolicy", {"managedBy": "kueue"}), "spec.runPolicy.managedBy"),
     Case("bad-memory-quantity", _set("spec.resources", {"memory": "lots"}), "spec.resources.memory"),
+    # Accepted by the quantity pattern, refused by the API server only when the operator creates the pods.
+    Case("negative-memory", _set("spec.resources", {"memory": "-1Gi"}), "spec.resources.memory"),
+    Case("zero-memory", _set("spec.resources", {"memory": "0Gi"}), "spec.resources.memory"),
+    Case("zero-cpu", _set("spec.resources", {"cpu": "0"}), "spec.resources.cpu"),
+    Case("negative-cpu-integer", _set("spec.resources", {"cpu": -2}), "spec.resources.cpu"),
+    Case("negative-shared-memory", _set("spec.resources", {"sharedMemory": "-64Mi"}), "spec.resources.sharedMemory"),
     Case("bad-toleration-operator", _set("spec.scheduling", {"tolerations": [{"key": "a", "operator": "In"}]}),
          "spec.scheduling.tolerations[0].operator"),
     Case("unknown-spec-field", _set("spec.replicas", 2), "spec.replicas"),

@@ -15,6 +15,7 @@ def pod(
     phase: str = "Running",
     *,
     job: str = "valid",
+    job_uid: str | None = "uid-1",
     attempt: int = 0,
     exit_code: int | None = None,
     reason: str | None = None,
@@ -26,7 +27,10 @@ def pod(
     message: str | None = None,
     node: str = "node-0",
 ) -> Json:
-    """A pod object in ``phase``; a terminated container when exit_code is given."""
+    """A pod object in ``phase``; a terminated container when exit_code is given.
+
+    ``job_uid`` is the job-uid label (the policy tests' job has uid-1); None leaves it out.
+    """
     conditions = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
     if phase == "Running":
         conditions += [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
@@ -49,6 +53,8 @@ def pod(
         "labels": {"kubetrain.io/job-name": job, "kubetrain.io/node-index": str(index),
                    "kubetrain.io/attempt": str(attempt)},
     }
+    if job_uid is not None:
+        metadata["labels"]["kubetrain.io/job-uid"] = job_uid
     if deleting:
         metadata["deletionTimestamp"] = deleting
     return {"metadata": metadata, "spec": {"nodeName": node if scheduled else None}, "status": status}

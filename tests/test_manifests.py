@@ -52,10 +52,21 @@ def test_one_pod_per_node_with_stable_dns_names() -> None:
 
 
 def test_headless_service_publishes_unready_pods() -> None:
-    service = build_service(_job(base_job()))
+    job = _job(base_job())
+    service = build_service(job)
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["selector"] == {api.LABEL.JOB_NAME: "valid"}
+    # Only this job's pods: never those of an earlier job of the same name.
+    assert service["spec"]["selector"] == {api.LABEL.JOB_NAME: "valid", api.LABEL.JOB_UID: job.uid}
+
+
+def test_every_child_carries_the_job_uid_and_selects_by_it() -> None:
+    job = _job(base_job(), uid="uid-7")
+    pod = build_pod(job, 1, attempt=0)
+    assert pod["metadata"]["labels"][api.LABEL.JOB_UID] == "uid-7"
+    assert build_service(job)["metadata"]["labels"][api.LABEL.JOB_UID] == "uid-7"
+    term = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"][api.LABEL.JOB_UID] == "uid-7"
 
 
 def test_torchrun_is_configured_through_pet_variables() -> None:

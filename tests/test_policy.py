@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from kubetrain.policy import Decision, reconcile
+from kubetrain.policy import (
+    ApiFailure,
+    Decision,
+    classify,
+    failed_reconcile,
+    reconcile,
+    recovered,
+    retry_delay,
+    while_retrying,
+)
 from kubetrain.spec import TrainingJob, parse
 from kubetrain.status import Progress
 from tests.invalid_specs import base_job
@@ -46,7 +55,7 @@ class TestLifecycle:
         assert decision.status["attempt"] == 0 and decision.status["restarts"] == 0
         assert decision.status["startTime"] == "2026-11-01T10:10:00Z"
         assert decision.status["observedGeneration"] == 2
-        assert decision.status["selector"] == "kubetrain.io/job-name=valid"
+        assert decision.status["selector"] == "kubetrain.io/job-name=valid,kubetrain.io/job-uid=uid-1"
         assert reasons(decision) == ["PodsCreated"]
         assert condition(decision, "Created")["status"] == "True"
 
@@ -89,6 +98,18 @@ class TestLifecycle:
         progress = decision.status["progress"]
         assert (progress["percent"], progress["step"], progress["loss"]) == (100, 10, 0.042)
         assert decision.delete == ()  # finished pods stay for their logs (cleanPodPolicy Running)
+
+    def test_resumed_attempt_records_its_resume_step_from_the_final_report(self) -> None:
+        # A short attempt can finish between two progress scrapes: the trainer's last words still say where
+        # it resumed from.
+        report = '{"step": 300, "loss": 0.04, "resumedFromStep": 150}'
+        def finished(attempt: int) -> Json:
+            return states(pod(0, "Succeeded", exit_code=0, message=report, attempt=attempt),
+                          pod(1, "Succeeded", exit_code=0, attempt=attempt))
+        decision = reconcile(job(), running(attempt=1, restarts=1, progress={"step": 120}), finished(1), NOW)
+        assert decision.status["progress"]["resumedFromStep"] == 150
+        first = reconcile(job(), running(progress={"step": 120}), finished(0), NOW)  # attempt 0 resumes nothing
+        assert "resumedFromStep" not in first.status["progress"]
 
     def test_one_pod_done_while_the_other_runs_waits(self) -> None:
         decision = reconcile(job(), running(), states(pod(0, "Succeeded", exit_code=0), pod(1)), NOW)
@@ -220,7 +241,7 @@ class TestGangRestart:
 
     def test_user_program_without_heartbeat_is_never_stalled(self) -> None:
         program = parse(base_job() | {"spec": {"command": ["python", "train.py"]}} | {
-            "metadata": {"name": "valid", "uid": "u", "generation": 1}})
+            "metadata": {"name": "valid", "uid": "uid-1", "generation": 1}})
         status = running(runningTime="2026-10-01T00:00:00Z")
         assert reconcile(program, status, states(pod(0)), NOW).status["phase"] == "Running"
 
@@ -314,3 +335,100 @@ class TestProgress:
         # two pods for 600 s with 2 GPUs each, on top of 100 s before
         assert decision.status["gpuSeconds"] == 100.0 + 2 * 600 * 2
         assert decision.status["gpus"] == 4
+
+
+class TestPodsOfAPreviousJobOfTheSameName:
+    """A job deleted with --cascade=orphan leaves its pods; a new job of that name must never take them."""
+
+    def test_succeeded_pod_of_a_previous_job_is_not_this_jobs_success(self) -> None:
+        old = states(pod(0, "Succeeded", exit_code=0, job_uid="old-uid"), pod(1, "Succeeded", exit_code=0,
+                                                                              job_uid="old-uid"))
+        decision = reconcile(job(), {}, old, NOW)
+        assert decision.status["phase"] == "Pending"
+        assert decision.delete == ("valid-0", "valid-1")  # in the way of the names this job needs
+        assert decision.create == ()  # not before they are gone
+        assert "waiting for pod(s) valid-0, valid-1 of a previous job named valid to be deleted" \
+            in decision.status["message"]
+        assert condition(decision, "Running")["reason"] == "PreviousJobPodsTerminating"
+
+    def test_pod_whose_owner_references_were_stripped_is_not_adopted(self) -> None:
+        # a pod made before the job-uid label existed, orphaned: no label, no owner
+        decision = reconcile(job(), {}, states(pod(0, job_uid=None), pod(1, job_uid=None)), NOW)
+        assert decision.delete == ("valid-0", "valid-1") and decision.create == ()
+
+    def test_own_pod_without_the_label_is_recognised_by_its_owner_reference(self) -> None:
+        legacy = [pod(i, job_uid=None) for i in (0, 1)]
+        for item in legacy:
+            item["metadata"]["ownerReferences"] = [{"kind": "TrainingJob", "uid": "uid-1", "controller": True}]
+        decision = reconcile(job(), running(), states(*legacy), NOW)
+        assert decision.status["phase"] == "Running" and decision.delete == ()
+
+    def test_names_are_free_again_once_the_old_pods_are_gone(self) -> None:
+        deleting = states(pod(0, "Succeeded", exit_code=0, job_uid="old-uid", deleting="2026-11-01T10:09:59Z"))
+        assert reconcile(job(), {}, deleting, NOW).create == ()
+        assert reconcile(job(), {}, [], NOW).create == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [
+        (ApiFailure(422, 'Pod "x-0" is invalid: spec.volumes[3]: Invalid value', creating="pod x-0"),
+         "InvalidPodSpec"),
+        (ApiFailure(422, "status.nodes: Invalid value"), "ApiError"),  # our status write: not the user's spec
+        (ApiFailure(403, 'pods "x-0" is forbidden: exceeded quota: q, requested: pods=1', creating="pod x-0"),
+         "QuotaExceeded"),
+        (ApiFailure(403, 'pods is forbidden: User "sa" cannot create resource "pods"'), "Forbidden"),
+        (ApiFailure(409, "pod x-0 exists and belongs to ...", creating="pod x-0"), "NameTaken"),
+        (ApiFailure(429, "too many requests"), "ApiUnavailable"),
+        (ApiFailure(500, "etcdserver: request timed out"), "ApiUnavailable"),
+        (ApiFailure(503, "service unavailable", creating="pod x-0"), "ApiUnavailable"),
+        (ApiFailure(None, "ConnectionRefusedError: [Errno 111]"), "ApiUnavailable"),
+        (ApiFailure(404, "namespaces not found"), "ApiError"),
+        (ApiFailure(None, "KeyError: 'metadata'", internal=True), "ApiError"),
+    ],
+)
+def test_api_failures_are_classified(failure: ApiFailure, reason: str) -> None:
+    assert classify(failure) == reason
+
+
+def test_retries_back_off_exponentially_up_to_a_minute() -> None:
+    assert [retry_delay(n) for n in (1, 2, 3, 4, 5, 6, 7, 8, 50)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+
+
+class TestFailedReconcile:
+    INVALID = ApiFailure(422, 'Pod "valid-0" is invalid: spec.volumes[3]: Invalid value: "scratch": '
+                              "may not specify more than 1 volume type", creating="pod valid-0")
+    QUOTA = ApiFailure(403, 'pods "valid-0" is forbidden: exceeded quota: no-pods, requested: pods=1, '
+                            "used: pods=0, limited: pods=0", creating="pod valid-0")
+
+    def test_pods_the_api_server_refuses_fail_the_job_at_once(self) -> None:
+        pending = reconcile(job(), {}, [], NOW).status
+        decision = failed_reconcile(job(), pending, [], self.INVALID, now=NOW, retry_in=1)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "InvalidPodSpec"
+        assert "may not specify more than 1 volume type" in decision.status["message"]
+        assert "pod valid-0" in decision.status["message"]
+        assert reasons(decision) == ["InvalidPodSpec"]
+        assert decision.status["completionTime"]
+
+    def test_quota_is_retried_and_the_status_says_so(self) -> None:
+        pending = reconcile(job(), {}, [], NOW).status
+        decision = failed_reconcile(job(), pending, [], self.QUOTA, now=NOW, retry_in=4)
+        assert decision.status["phase"] == "Pending"
+        error = condition(decision, "ReconcileError")
+        assert error["status"] == "True" and error["reason"] == "QuotaExceeded"
+        assert decision.status["message"].startswith("retrying in 4s: creating pod valid-0 failed: pods ")
+        assert "exceeded quota: no-pods" in decision.status["message"]
+        assert [(e.type, e.reason) for e in decision.events] == [("Warning", "QuotaExceeded")]
+        assert "exceeded quota" in decision.events[0].message
+
+    def test_the_next_reconcile_keeps_saying_it_retries_until_it_succeeds(self) -> None:
+        pending = reconcile(job(), {}, [], NOW).status
+        failed = failed_reconcile(job(), pending, [], self.QUOTA, now=NOW, retry_in=4).status
+        again = reconcile(job(), failed, [], NOW)
+        assert again.create == (0, 1)
+        assert while_retrying(again.status)["message"].startswith("retrying in 4s")
+        cleared = recovered(job(), again.status, NOW)
+        assert next(c for c in cleared["conditions"] if c["type"] == "ReconcileError")["status"] == "False"
+        assert cleared["message"].startswith("waiting for 2 pod(s) to be scheduled")
+        assert "ReconcileError" not in {c["type"] for c in recovered(job(), pending, NOW)["conditions"]}

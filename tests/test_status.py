@@ -11,6 +11,7 @@ from kubetrain.status import (
     Progress,
     count_nodes,
     format_duration,
+    owned_by,
     pod_state,
     progress_status,
     set_condition,
@@ -99,3 +100,21 @@ def test_merge_patch_sets_changes_and_nulls_removed_keys() -> None:
         "phase": "Restarting", "runningTime": None, "progress": {"resumedFromStep": None}, "attempt": 1,
     }
     assert merge_patch(new, new) == {}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "uid"),
+    [
+        ({"labels": {"kubetrain.io/job-uid": "u-2"}}, "u-2"),
+        # made before the label existed: its controller reference names the job
+        ({"labels": {}, "ownerReferences": [{"kind": "TrainingJob", "uid": "u-1", "controller": True}]}, "u-1"),
+        ({"labels": {"kubetrain.io/job-uid": "u-2"},
+          "ownerReferences": [{"kind": "TrainingJob", "uid": "u-1", "controller": True}]}, "u-2"),
+        ({"ownerReferences": [{"kind": "ReplicaSet", "uid": "r-1", "controller": True}]}, None),
+        ({"labels": {"kubetrain.io/job-name": "x"}}, None),  # orphaned: --cascade=orphan strips owners
+    ],
+)
+def test_a_child_belongs_to_the_job_its_uid_label_or_controller_names(metadata: dict[str, object],
+                                                                      uid: str | None) -> None:
+    assert owned_by(metadata) == uid
+    assert pod_state({"metadata": metadata}).job_uid == uid

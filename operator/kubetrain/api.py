@@ -142,6 +142,8 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    # True while the operator's last attempt to act on the job failed and is being retried.
+    RECONCILE_ERROR = "ReconcileError"
 
 
 class Reason(StrEnum):
@@ -163,3 +165,11 @@ class Reason(StrEnum):
     RESUMED = "Resumed"
     GANG_RESTART = "GangRestart"
     SCALED = "Scaled"
+    INVALID_POD_SPEC = "InvalidPodSpec"  # the API server refused the pods the spec makes: retrying cannot help
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    FORBIDDEN = "Forbidden"
+    API_UNAVAILABLE = "ApiUnavailable"  # 429, 5xx, timeouts, connection errors
+    NAME_TAKEN = "NameTaken"  # an object of the name a child needs exists and is not this job's
+    API_ERROR = "ApiError"  # any other refusal, or an error of the operator itself
+    RECONCILED = "Reconciled"
+    PREVIOUS_JOB_PODS = "PreviousJobPodsTerminating"

@@ -4,6 +4,8 @@ Every trigger (a change of the job, a change of one of its pods, a due timer) ru
 ``reconcile``: read the job and its pods, ask the pure core what to do, write the status, act.
 No kopf timers or daemons: they would put a finalizer on every job (and block its deletion while
 the operator is down); a small scheduler of our own re-checks jobs that asked to be looked at later.
+A failed reconcile never escapes a handler (kopf does not retry on.event handlers): the scheduler retries
+it with backoff, and the job's status and events say what failed.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import aiohttp
 import kopf
 
 from kubetrain import api, metrics
-from kubetrain.kube import ConflictError, Kube, load_configuration
+from kubetrain.kube import ConflictError, CreateError, Kube, api_failure, load_configuration
 from kubetrain.manifests import build_pod, build_service, owner_reference
-from kubetrain.policy import Decision, reconcile
+from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
-from kubetrain.status import Progress, merge_patch, parse_time, pod_state
+from kubetrain.status import Progress, merge_patch, owned_by, parse_time, pod_state
 
 __all__ = ["OperatorConfig"]
 
@@ -35,6 +37,7 @@ HandlerLogger = logging.Logger | logging.LoggerAdapter[Any]
 JOB = (api.GROUP, api.VERSION, api.PLURAL)
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED})
+CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,15 @@ class OperatorState:
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next look
     last_scrape: dict[Key, float] = field(default_factory=dict)
     phases: dict[Key, str] = field(default_factory=dict)
+    failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed reconciles (retry backoff)
+    generations: dict[Key, int] = field(default_factory=dict)  # metadata.generation last reconciled
     scheduler: asyncio.Task[None] | None = None
 
     def lock(self, key: Key) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
 
     def forget(self, key: Key) -> None:
-        for table in (self.locks, self.due, self.last_scrape, self.phases):
+        for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations):
             table.pop(key, None)
         metrics.set_job_phases(self.phases)
 
@@ -90,11 +95,11 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.posting.reporting_component = "kubetrain-operator"
     # batching.batch_window stays at kopf's 0.1 s: it batches the events of one object, and each pod of a
     # gang is its own object, so a longer window would only delay every reaction.
-    # A failed reconcile is retried soon: the state of the world is re-read every time anyway.
+    # kopf never retries on.event handlers: a failed reconcile is retried by our scheduler (see
+    # _reconcile_measured); this only covers errors of kopf's own machinery.
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
     kube = Kube(load_configuration(CONFIG.api_threads), threads=CONFIG.api_threads)
     state = OperatorState(config=CONFIG, kube=kube, http=aiohttp.ClientSession())
-    state.scheduler = asyncio.create_task(_scheduler(state))
     memo["state"] = state
 
 
@@ -112,9 +117,13 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
                       logger: HandlerLogger, **_: Any) -> None:
     state: OperatorState = memo["state"]
     assert namespace is not None  # TrainingJobs are namespaced
+    _start_scheduler(state)
     if event.get("type") == "DELETED":
         state.forget((namespace, name))
         return
+    generation = (event.get("object") or {}).get("metadata", {}).get("generation")
+    if state.failures.get((namespace, name)) and state.generations.get((namespace, name)) == generation:
+        return  # our own status write after a failure: the retry waits for its backoff (a spec change does not)
     await _reconcile_measured(state, (namespace, name), "job", logger)
 
 
@@ -123,36 +132,70 @@ async def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: An
                       **_: Any) -> None:
     state: OperatorState = memo["state"]
     assert namespace is not None  # pods are namespaced
+    _start_scheduler(state)
     await _reconcile_measured(state, (namespace, labels[api.LABEL.JOB_NAME]), "pod", logger)
 
 
+def _start_scheduler(state: OperatorState) -> None:
+    """Start the scheduler from a handler: the task copies the handler's context, without which kopf.event()
+    fails (its event queue lives in context variables that the startup handler's context lacks)."""
+    if state.scheduler is None:
+        state.scheduler = asyncio.create_task(_scheduler(state))
+
+
 async def _scheduler(state: OperatorState) -> None:
-    """Reconcile jobs whose decision asked to be looked at again (deadlines, TTL, stall, progress)."""
+    """Reconcile jobs that asked to be looked at again (deadlines, TTL, stall, progress, retries)."""
     logger: HandlerLogger = logging.getLogger("kubetrain.scheduler")
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.25)
         now = time.monotonic()
         for key in [k for k, when in state.due.items() if when <= now]:
             state.due.pop(key, None)
-            try:
-                await _reconcile_measured(state, key, "timer", logger)
-            except Exception:  # one job's error must not stop the others' timers
-                logger.exception("reconcile of %s/%s failed; retrying in 5 s", *key)
-                state.due[key] = time.monotonic() + 5
+            await _reconcile_measured(state, key, "timer", logger)
+
+
+def _next_retry_delay(state: OperatorState, key: Key) -> float:
+    return retry_delay(state.failures.get(key, 0) + 1)
 
 
 async def _reconcile_measured(state: OperatorState, key: Key, trigger: str, logger: HandlerLogger) -> None:
+    """One reconcile; never raises: a failed one is retried with backoff whatever triggered it."""
     started = time.perf_counter()
     try:
         async with state.lock(key):
             await _reconcile(state, key, logger)
-    except ConflictError as error:
-        raise kopf.TemporaryError(str(error), delay=0.5) from error
-    except Exception:
+        state.failures.pop(key, None)
+    except ConflictError:
+        state.due[key] = time.monotonic() + CONFLICT_RETRY
+    except Exception as error:
         metrics.RECONCILE_ERRORS.labels(handler=trigger).inc()
-        raise
+        delay = _next_retry_delay(state, key)
+        state.failures[key] = state.failures.get(key, 0) + 1
+        state.due[key] = time.monotonic() + delay
+        logger.warning("reconcile of %s/%s failed, retrying in %.0fs: %s", *key, delay, error,
+                       exc_info=api_failure(error).internal)
     finally:
         metrics.RECONCILE_DURATION.labels(handler=trigger).observe(time.perf_counter() - started)
+
+
+@dataclass
+class _Stored:
+    """The job's status as last written, and the resourceVersion to write the next one against."""
+
+    status: Mapping[str, Json]
+    version: str
+
+
+async def _write_status(state: OperatorState, job: TrainingJob, stored: _Stored, status: Mapping[str, Json]) -> None:
+    patch = merge_patch(stored.status, status)
+    if patch:
+        stored.version = await state.kube.patch_job_status(job.namespace, job.name, patch, stored.version)
+        stored.status = status
+
+
+def _post(body: Json, events: tuple[Event, ...]) -> None:
+    for event in events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> None:
@@ -168,19 +211,45 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
     except SpecError as error:  # only for objects stored before the CRD's rules tightened
         kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error)[:1024])
         return
-    pods = await state.kube.list_job_pods(namespace, name)
-    status: Mapping[str, Json] = body.get("status") or {}
-    progress = await _scrape(state, key, status, pods)
-    now = datetime.now(UTC)
-    decision = reconcile(job, status, [pod_state(p) for p in pods], now, progress)
-    patch = merge_patch(status, decision.status)
-    if patch:
-        await state.kube.patch_job_status(namespace, name, patch, body["metadata"]["resourceVersion"])
-    _observe(state, key, job, status, decision, now=now)
-    for event in decision.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    await _act(state, job, pods, decision, logger)
+    state.generations[key] = job.generation
+    stored = _Stored(body.get("status") or {}, body["metadata"]["resourceVersion"])
+    pods: list[Json] = []
+    try:
+        pods += await state.kube.list_job_pods(namespace, name)
+        decision = await _decide_and_act(state, key, body, job, stored, pods=pods, logger=logger)
+    except ConflictError:
+        raise
+    except Exception as error:
+        decision = await _report_failure(state, key, body, job, stored, pods=pods, error=error)
+        if decision.status.get("phase") != api.Phase.FAILED:
+            raise  # retried with backoff by _reconcile_measured, as the status now says
+        await _act(state, job, pods, decision, logger)  # failed for good: stop what runs of the gang
+    await _write_status(state, job, stored, recovered(job, decision.status, datetime.now(UTC)))
     _schedule(state, key, decision)
+
+
+async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,
+                          pods: list[Json], logger: HandlerLogger) -> Decision:
+    """Ask the pure core what to do, write the status it decided (so a crash never loses a count), act."""
+    before = stored.status
+    progress = await _scrape(state, key, before, pods)
+    now = datetime.now(UTC)
+    decision = reconcile(job, before, [pod_state(p) for p in pods], now, progress)
+    await _write_status(state, job, stored, while_retrying(decision.status))
+    _observe(state, key, job, before, decision, now=now)
+    _post(body, decision.events)
+    await _act(state, job, pods, decision, logger)
+    return decision
+
+
+async def _report_failure(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,
+                          pods: list[Json], error: Exception) -> Decision:
+    """Put a failed step in the status and an event: the job fails if retrying cannot help."""
+    decision = failed_reconcile(job, stored.status, [pod_state(p) for p in pods], api_failure(error),
+                                now=datetime.now(UTC), retry_in=_next_retry_delay(state, key))
+    await _write_status(state, job, stored, decision.status)
+    _post(body, decision.events)
+    return decision
 
 
 async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json], pods: list[Json]) -> Progress | None:
@@ -208,19 +277,44 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
     for name in decision.force_delete:
         logger.warning("force-deleting pod %s stuck terminating (its node is lost)", name)
         await kube.delete_pod(job.namespace, name, force=True)
-    for pod in pods:
-        if not pod["metadata"].get("ownerReferences"):
+    for pod in pods:  # a pod labelled with this job's uid but without its owner: made before a crash
+        if owned_by(pod["metadata"]) == job.uid and not pod["metadata"].get("ownerReferences"):
             await kube.adopt_pod(job.namespace, pod["metadata"]["name"], owner_reference(job))
     if decision.create:
-        await kube.create(job.namespace, build_service(job))
+        await _create_service(state, job, logger)
         attempt = int(decision.status["attempt"])
         for index in decision.create:
             pod = build_pod(job, index, attempt, default_image=state.config.trainer_image)
-            if await kube.create(job.namespace, pod):
+            existing = await kube.create(job.namespace, pod)
+            if existing is None:
                 metrics.POD_CREATIONS.inc()
+            elif owned_by(existing["metadata"]) != job.uid:
+                raise _name_taken(job, "pod", pod["metadata"]["name"], existing)
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(job.namespace, job.name)
+
+
+async def _create_service(state: OperatorState, job: TrainingJob, logger: HandlerLogger) -> None:
+    """The headless Service; one left by a deleted job of the same name (--cascade=orphan) is replaced."""
+    service = build_service(job)
+    existing = await state.kube.create(job.namespace, service)
+    if existing is None or owned_by(existing["metadata"]) == job.uid:
+        return
+    if existing["metadata"].get("labels", {}).get(api.LABEL.JOB_NAME) == job.name:
+        logger.info("replacing Service %s left by a previous job named %s", job.name, job.name)
+        await state.kube.delete_service(job.namespace, job.name)
+        existing = await state.kube.create(job.namespace, service)
+    if existing is not None and owned_by(existing["metadata"]) != job.uid:
+        raise _name_taken(job, "service", job.name, existing)
+
+
+def _name_taken(job: TrainingJob, kind: str, name: str, existing: Json) -> CreateError:
+    """A child's name is held by an object that is not this job's: wait for it to go, and say so."""
+    previous = existing["metadata"].get("labels", {}).get(api.LABEL.JOB_NAME) == job.name
+    owner = f"a previous job named {job.name}" if previous else "something other than this job"
+    return CreateError(f"{kind} {name}", 409,
+                       f"{kind} {name} exists and belongs to {owner}; waiting for it to be deleted")
 
 
 def _observe(state: OperatorState, key: Key, job: TrainingJob, before: Mapping[str, Json], decision: Decision,

@@ -13,13 +13,15 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain import api
 from kubetrain.manifests import job_selector
+from kubetrain.policy import ApiFailure
 
-__all__ = ["ConflictError", "Kube", "load_configuration", "stream_job"]
+__all__ = ["ConflictError", "CreateError", "Kube", "api_failure", "load_configuration", "stream_job"]
 
 Json = Any
 
@@ -29,6 +31,35 @@ HTTP_CONFLICT = 409
 
 class ConflictError(Exception):
     """The object changed since it was read (resourceVersion mismatch): reconcile again."""
+
+
+class CreateError(Exception):
+    """Creating a child object failed; says which object and carries the API's answer."""
+
+    def __init__(self, what: str, status: int | None, message: str) -> None:
+        super().__init__(f"creating {what}: {message}")
+        self.what = what
+        self.status = status
+        self.message = message
+
+
+def _api_message(error: ApiException) -> str:
+    """The message of the Status object the API server answered with, else the HTTP reason."""
+    try:
+        return str(json.loads(error.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"{error.status} {error.reason}"
+
+
+def api_failure(error: BaseException) -> ApiFailure:
+    """Any exception of a reconcile as the pure core's ApiFailure (see policy.classify)."""
+    if isinstance(error, CreateError):
+        return ApiFailure(error.status, error.message, creating=error.what)
+    if isinstance(error, ApiException):
+        return ApiFailure(error.status or None, _api_message(error))
+    if isinstance(error, urllib3.exceptions.HTTPError | OSError | TimeoutError):  # no answer at all
+        return ApiFailure(None, f"{type(error).__name__}: {error}")
+    return ApiFailure(None, f"{type(error).__name__}: {error}", internal=True)
 
 
 def load_configuration(pool_size: int) -> client.Configuration:
@@ -79,12 +110,13 @@ class Kube:
         return items
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
-                               resource_version: str) -> None:
-        """Merge-patch the status; fails with ConflictError when the job changed since it was read."""
+                               resource_version: str) -> str:
+        """Merge-patch the status; the job's new resourceVersion. ConflictError when it changed since read."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         try:
-            await self._call(self._custom.patch_namespaced_custom_object_status,
-                             api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+            updated = await self._json(self._custom.patch_namespaced_custom_object_status,
+                                       api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+            return str(updated["metadata"]["resourceVersion"])
         except ApiException as error:
             if error.status == HTTP_CONFLICT:
                 raise ConflictError(f"{namespace}/{name} changed while reconciling") from error
@@ -95,17 +127,30 @@ class Kube:
                                    api.GROUP, api.VERSION, namespace, api.PLURAL, name,
                                    propagation_policy="Background")
 
-    async def create(self, namespace: str, body: Mapping[str, Json]) -> bool:
-        """Create a pod or a Service; False when one of that name exists already."""
-        create = (self._core.create_namespaced_pod if body["kind"] == "Pod"
-                  else self._core.create_namespaced_service)
+    async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
+        """Create a pod or a Service: None when created, else the object of that name that exists already.
+
+        Any other refusal raises CreateError naming the object.
+        """
+        is_pod = body["kind"] == "Pod"
+        create = self._core.create_namespaced_pod if is_pod else self._core.create_namespaced_service
+        read = self._core.read_namespaced_pod if is_pod else self._core.read_namespaced_service
+        name = body["metadata"]["name"]
         try:
             await self._call(create, namespace, body)
         except ApiException as error:
-            if error.status == HTTP_CONFLICT:
-                return False
-            raise
-        return True
+            if error.status != HTTP_CONFLICT:
+                raise CreateError(f"{body['kind'].lower()} {name}", error.status, _api_message(error)) from error
+            try:
+                return await self._json(read, name, namespace)
+            except ApiException as missing:
+                if missing.status != HTTP_NOT_FOUND:
+                    raise
+                raise ConflictError(f"{body['kind'].lower()} {name} was deleted while creating it") from error
+        return None
+
+    async def delete_service(self, namespace: str, name: str) -> None:
+        await self._ignore_missing(self._core.delete_namespaced_service, name, namespace)
 
     async def adopt_pod(self, namespace: str, name: str, owner: Mapping[str, Json]) -> None:
         """Give an orphaned pod of the job its owner reference back (it was created before a crash)."""

@@ -42,14 +42,27 @@ def rendezvous_id(job: TrainingJob, attempt: int) -> str:
     return f"{job.uid or job.name}-{attempt}"
 
 
+def _identity(job: TrainingJob) -> dict[str, str]:
+    """The labels that tell this job's children from those of an earlier job of the same name."""
+    labels = {api.LABEL.JOB_NAME: job.name}
+    if job.uid:  # `kubetrain render` has no uid: the API server assigns it on create
+        labels[api.LABEL.JOB_UID] = job.uid
+    return labels
+
+
 def job_labels(job: TrainingJob) -> dict[str, str]:
     """Labels shared by every child object of a job."""
-    return {api.LABEL.JOB_NAME: job.name, api.LABEL.MANAGED_BY: "kubetrain"}
+    return _identity(job) | {api.LABEL.MANAGED_BY: "kubetrain"}
 
 
-def job_selector(job_name: str) -> str:
-    """Label selector (string form) that matches every pod of a job, whatever the attempt."""
-    return f"{api.LABEL.JOB_NAME}={job_name}"
+def job_selector(job_name: str, job_uid: str = "") -> str:
+    """Label selector (string form) of a job's pods, whatever the attempt.
+
+    Without a uid it also matches pods of earlier jobs of the same name: the operator lists those too,
+    to clear them out of the way of the pod names the job needs (see policy.py).
+    """
+    selector = f"{api.LABEL.JOB_NAME}={job_name}"
+    return f"{selector},{api.LABEL.JOB_UID}={job_uid}" if job_uid else selector
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Json]:
@@ -80,7 +93,7 @@ def build_service(job: TrainingJob) -> dict[str, Json]:
             "clusterIP": "None",
             # Rendezvous starts before any pod is ready: resolve names of unready pods too.
             "publishNotReadyAddresses": True,
-            "selector": {api.LABEL.JOB_NAME: job.name},
+            "selector": _identity(job),
             "ports": [
                 {"name": "rendezvous", "port": api.RENDEZVOUS_PORT, "targetPort": api.RENDEZVOUS_PORT},
                 {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT},
@@ -181,7 +194,7 @@ def _spread(job: TrainingJob) -> dict[str, Json]:
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100,
         "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                            "labelSelector": {"matchLabels": {api.LABEL.JOB_NAME: job.name}}},
+                            "labelSelector": {"matchLabels": _identity(job)}},
     }]}}
 
 

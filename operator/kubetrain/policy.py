@@ -10,6 +10,9 @@ Failure taxonomy (decided from pod status, never guessed):
 - OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
 - any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
 - no heartbeat for stallTimeoutSeconds while Running -> condition Stalled and a counted gang restart.
+Pods of an earlier job of the same name (another uid) are never this job's: they are deleted first.
+When carrying out a decision fails, ``failed_reconcile`` decides: pods the API server refuses as invalid
+fail the job; anything else is retried with backoff and shown in condition ReconcileError.
 The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous.
 """
 
@@ -36,7 +39,17 @@ from kubetrain.status import (
     set_condition,
 )
 
-__all__ = ["Decision", "Event", "reconcile"]
+__all__ = [
+    "ApiFailure",
+    "Decision",
+    "Event",
+    "classify",
+    "failed_reconcile",
+    "reconcile",
+    "recovered",
+    "retry_delay",
+    "while_retrying",
+]
 
 Json = Any
 
@@ -133,7 +146,10 @@ def reconcile(
     """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``."""
     draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
     draft.status["observedGeneration"] = job.generation
-    draft.status["selector"] = job_selector(job.name)
+    draft.status["selector"] = job_selector(job.name, job.uid)
+    # Pods of an earlier job of the same name (deleted with --cascade=orphan) are never this job's.
+    foreign = [p for p in pods if p.job_uid != job.uid]
+    pods = [p for p in pods if p.job_uid == job.uid]
     draft.status.setdefault("attempt", 0)
     draft.status.setdefault("restarts", 0)
     draft.status.setdefault("startTime", isoformat(now))
@@ -148,7 +164,7 @@ def reconcile(
     else:
         if phase == Phase.SUSPENDED:
             _resume(draft)
-        _run(draft, pods)
+        _run(draft, pods, foreign)
     _account(draft, pods)
     return draft.decision()
 
@@ -215,6 +231,9 @@ def _final_progress(draft: _Draft, pods: Sequence[PodState]) -> None:
     total = spec.total_steps or int(progress.get("totalSteps", 0)) or step
     final = Progress(step=max(step, total), total_steps=total, loss=float(loss) if loss is not None else None)
     draft.status["progress"] = {**progress, **progress_status(final, total, None, draft.now)}
+    resumed = reports[0].get("resumedFromStep") if reports else None
+    if resumed is not None and "resumedFromStep" not in progress and draft.attempt > 0:
+        draft.status["progress"]["resumedFromStep"] = int(resumed)
 
 
 def _suspend(draft: _Draft, pods: Sequence[PodState]) -> None:
@@ -242,7 +261,7 @@ def _current(draft: _Draft, pods: Sequence[PodState]) -> list[PodState]:
     return [p for p in pods if p.attempt == draft.attempt]
 
 
-def _run(draft: _Draft, pods: Sequence[PodState]) -> None:
+def _run(draft: _Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) -> None:
     spec = draft.job.spec
     current = _current(draft, pods)
     stale = [p for p in pods if p.attempt != draft.attempt]
@@ -270,7 +289,9 @@ def _run(draft: _Draft, pods: Sequence[PodState]) -> None:
         return
     if _handle_lost_or_extra(draft, current) or _handle_stall(draft, current):
         return
-    _progress_attempt(draft, current)
+    # Their names are the ones this job needs: delete them (they are nobody's now) and wait until they are gone.
+    draft.remove(foreign)
+    _progress_attempt(draft, current, blocked=[p.name for p in foreign])
 
 
 def _restart(draft: _Draft, current: Sequence[PodState], reason: str, message: str, *, counted: bool,
@@ -411,11 +432,20 @@ def _handle_stall(draft: _Draft, current: Sequence[PodState]) -> bool:
     return True
 
 
-def _progress_attempt(draft: _Draft, current: Sequence[PodState]) -> None:
-    """Create missing pods and report Pending, Starting or Running."""
+def _progress_attempt(draft: _Draft, current: Sequence[PodState], blocked: Sequence[str] = ()) -> None:
+    """Create missing pods (unless a previous job's pod still holds the name); report Pending, Starting or Running."""
     spec = draft.job.spec
     present = {p.index for p in current}
-    draft.create = [i for i in range(spec.nodes) if i not in present]
+    missing = [i for i in range(spec.nodes) if i not in present]
+    waiting_for = [pod_name(draft.job.name, i) for i in missing if pod_name(draft.job.name, i) in blocked]
+    if waiting_for:  # the gang starts whole: create none of its pods until every name is free
+        message = (f"waiting for pod(s) {', '.join(waiting_for[:5])} of a previous job named {draft.job.name} "
+                   "to be deleted")
+        draft.phase(Phase.PENDING, message)
+        draft.condition(ConditionType.RUNNING, False, Reason.PREVIOUS_JOB_PODS, message)
+        draft.status["nodes"] = count_nodes(spec.nodes, current).as_status()
+        return
+    draft.create = missing
     counts = count_nodes(spec.nodes, current)
     draft.status["nodes"] = counts.as_status()
     draft.status["gpus"] = spec.gpus
@@ -464,3 +494,81 @@ def _fold_gpu_seconds(draft: _Draft, current: Sequence[PodState]) -> None:
 def _account(draft: _Draft, pods: Sequence[PodState]) -> None:
     prior = float(draft.status.get("gpuSecondsPriorAttempts", 0.0))
     draft.status["gpuSeconds"] = round(prior + _attempt_gpu_seconds(draft, _current(draft, pods)), 1)
+
+
+# --- When carrying out a decision fails -------------------------------------------------------------
+
+# Retries of a failed reconcile back off exponentially up to this many seconds.
+MAX_RETRY_DELAY = 60.0
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """A failed step of a reconcile, as the pure core sees it (kube.py turns exceptions into these)."""
+
+    status: int | None  # the HTTP status; None when the API server did not answer (timeout, connection)
+    message: str  # the API server's own message, or the error's text
+    creating: str = ""  # "pod NAME" / "service NAME" when the failed call created that object
+    internal: bool = False  # an error of the operator itself, not an answer of the API server
+
+
+def classify(failure: ApiFailure) -> Reason:
+    """The reason a failure is reported under; only INVALID_POD_SPEC is permanent (see failed_reconcile)."""
+    if failure.internal:
+        return Reason.API_ERROR
+    if failure.status == 422 and failure.creating:  # Invalid: the same object would be refused again
+        return Reason.INVALID_POD_SPEC
+    if failure.status == 409 and failure.creating:  # AlreadyExists, and not ours
+        return Reason.NAME_TAKEN
+    if failure.status == 403:  # quota, admission webhooks, RBAC: an administrator may lift it
+        return Reason.QUOTA_EXCEEDED if "exceeded quota" in failure.message else Reason.FORBIDDEN
+    if failure.status is None or failure.status == 429 or failure.status >= 500:
+        return Reason.API_UNAVAILABLE
+    return Reason.API_ERROR
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before retry number ``failures`` (1, 2, 4, ... up to MAX_RETRY_DELAY)."""
+    return min(MAX_RETRY_DELAY, 2.0 ** max(0, failures - 1))
+
+
+def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequence[PodState], failure: ApiFailure,
+                     *, now: datetime, retry_in: float) -> Decision:
+    """The status after a step of the reconcile failed: the job fails when retrying cannot help, else it says
+    that it retries, with the API's message, in condition ReconcileError and the status message."""
+    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    reason = classify(failure)
+    what = f"creating {failure.creating}" if failure.creating else "reconciling"
+    if reason is Reason.INVALID_POD_SPEC:
+        message = f"the API server rejected {failure.creating}: {failure.message}"
+        if _reconcile_error(status) is not None:
+            draft.condition(ConditionType.RECONCILE_ERROR, False, reason, message)
+        _finish(draft, [p for p in pods if p.job_uid == job.uid], False, reason, message)
+        return draft.decision()
+    message = f"retrying in {retry_in:.0f}s: {what} failed: {failure.message}"
+    draft.condition(ConditionType.RECONCILE_ERROR, True, reason, message)
+    draft.status["message"] = message[:1024]
+    draft.events.append(Event("Warning", reason, f"{what} failed: {failure.message}"[:1024]))
+    return draft.decision()
+
+
+def _reconcile_error(status: Mapping[str, Json]) -> Mapping[str, Json] | None:
+    found = [c for c in status.get("conditions", []) if c.get("type") == ConditionType.RECONCILE_ERROR]
+    return found[0] if found and found[0].get("status") == "True" else None
+
+
+def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:
+    """``status`` as written before acting: while a failed step is being retried the message keeps saying so."""
+    error = _reconcile_error(status)
+    if error is None or status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
+        return dict(status)
+    return {**status, "message": error.get("message", "")}
+
+
+def recovered(job: TrainingJob, status: Mapping[str, Json], now: datetime) -> dict[str, Json]:
+    """``status`` once every step of a reconcile succeeded: a ReconcileError condition turns False."""
+    if _reconcile_error(status) is None:
+        return dict(status)
+    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    draft.condition(ConditionType.RECONCILE_ERROR, False, Reason.RECONCILED, "the last reconcile succeeded")
+    return draft.status

@@ -11,8 +11,9 @@ import copy
 import functools
 import importlib.resources
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import celpy
@@ -174,10 +175,35 @@ def _list_problems(schema: Mapping[str, Json], value: Json, where: list[str | in
             yield from _list_problems(schema["items"], item, [*where, index])
 
 
+# Kubernetes' CEL quantity library (quantity(), isGreaterThan, isLessThan, sign), for the rules that use it.
+_SUFFIXES: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+             "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
+
+
+def _quantity(text: Json) -> Decimal:
+    match = _QUANTITY.fullmatch(str(text))
+    if match is None:
+        raise ValueError(f"invalid quantity {text!r}")
+    number, suffix = match.group(1), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Decimal(number + suffix)
+    return Decimal(number) * _SUFFIXES[suffix]
+
+
+_QUANTITY_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "quantity": _quantity,
+    "isGreaterThan": lambda left, right: celpy.celtypes.BoolType(left > right),
+    "isLessThan": lambda left, right: celpy.celtypes.BoolType(left < right),
+    "sign": lambda value: celpy.celtypes.IntType((value > 0) - (value < 0)),
+}
+
+
 @functools.cache
 def _program(rule: str) -> Any:
     environment = celpy.Environment()
-    return environment.program(environment.compile(rule))
+    return environment.program(environment.compile(rule), functions=_QUANTITY_FUNCTIONS)
 
 
 def _cel_problems(

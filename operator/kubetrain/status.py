@@ -21,6 +21,7 @@ __all__ = [
     "format_duration",
     "isoformat",
     "merge_patch",
+    "owned_by",
     "parse_time",
     "pod_state",
     "progress_status",
@@ -73,6 +74,7 @@ class PodState:
     deletion_time: datetime | None
     start_time: datetime | None
     finish_time: datetime | None
+    job_uid: str | None = None  # the job it belongs to (see owned_by)
 
     @property
     def finished(self) -> bool:
@@ -101,6 +103,21 @@ class PodState:
         except ValueError:
             return None
         return report if isinstance(report, dict) else None
+
+
+def owned_by(metadata: Mapping[str, Json]) -> str | None:
+    """The uid of the job a child object belongs to: its job-uid label, else its controller's uid.
+
+    The controller reference covers children made before the label existed; None when neither is there
+    (e.g. a child whose job was deleted with --cascade=orphan, which strips owner references).
+    """
+    uid = (metadata.get("labels") or {}).get(api.LABEL.JOB_UID)
+    if uid:
+        return str(uid)
+    for owner in metadata.get("ownerReferences") or []:
+        if owner.get("controller") and owner.get("kind") == api.KIND:
+            return str(owner.get("uid"))
+    return None
 
 
 def _condition(pod: Mapping[str, Json], kind: str) -> Mapping[str, Json] | None:
@@ -142,6 +159,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         deletion_time=parse_time(metadata.get("deletionTimestamp")),
         start_time=parse_time(status.get("startTime")),
         finish_time=parse_time(terminated.get("finishedAt")),
+        job_uid=owned_by(metadata),
     )
 
 

@@ -90,9 +90,6 @@ def _arguments_answered(argv: list[str]) -> int | None:
 
 
 def main() -> int:
-    answered = _arguments_answered(sys.argv[1:])
-    if answered is not None:
-        return answered
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # The graceful SIGTERM handler is installed when the training loop starts; until then SIGTERM keeps its
     # default action (exit at once): there is nothing to save yet, and a process blocked in rendezvous or
@@ -161,5 +158,11 @@ def main() -> int:
             log_json("exit", step=metrics.step)
 
 
+def run(argv: list[str]) -> int:
+    """The command line: ``--help`` answered here, anything else refused, no arguments trains."""
+    answered = _arguments_answered(argv)
+    return main() if answered is None else answered
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(sys.argv[1:]))
