@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from tests.lab.lab import Lab
 from tests.lab.oci import IMAGES
 from tests.lab.procs import wait_for
 from tests.lab.prometheus import Prometheus, start_prometheus
+from tests.lab.rest import Rest
 from tests.monitoring import MONITORING_CRDS, service_monitor_job
 from tests.operator_fixtures import CHART, Jobs
 
@@ -66,9 +69,9 @@ class InCluster:
     operator_pod: Json
 
 
-def operator_pods(lab: Lab, namespace: str, release: str) -> list[Json]:
-    pods: list[Json] = lab.api.get(f"/api/v1/namespaces/{namespace}/pods",
-                                   labelSelector=f"app.kubernetes.io/instance={release}")["items"]
+def operator_pods(api: Rest, namespace: str, release: str) -> list[Json]:
+    pods: list[Json] = api.get(f"/api/v1/namespaces/{namespace}/pods",
+                               labelSelector=f"app.kubernetes.io/instance={release}")["items"]
     return pods
 
 
@@ -103,7 +106,7 @@ def in_cluster(real_lab: Lab) -> Iterator[InCluster]:
         wait_for(lambda: _ready_endpoints(lab), 60, "the operator Service's endpoints")
         target = _service_endpoint(lab, monitor)
         prometheus = start_prometheus(lab, lambda _pods: [service_monitor_job(monitor, target)])
-        (pod,) = operator_pods(lab, RELEASE_NAMESPACE, RELEASE)
+        (pod,) = operator_pods(lab.api, RELEASE_NAMESPACE, RELEASE)
         yield InCluster(lab, prometheus, pod)
     finally:
         if prometheus is not None:
@@ -163,28 +166,40 @@ def _values_prerequisites(lab: Lab, namespace: str, values: Path) -> None:
         lab.kubectl("create", "serviceaccount", "-n", namespace, account["name"])
 
 
-# Before the job tests: these operators watch every namespace, and no job of another test should exist yet.
-@pytest.mark.parametrize("values", [*(str(v.name) for v in CI_VALUES), *(f"logLevel={lv}" for lv in LOG_LEVELS)])
-def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCluster, values: str) -> None:
-    lab = in_cluster.lab
+MATRIX = [*(v.name for v in CI_VALUES), *(f"logLevel={level}" for level in LOG_LEVELS)]
+
+
+def _operator_starts_with(lab: Lab, values: str) -> str | None:
+    """Install the chart with one ci values file or log level: None if its operator pod is Ready, else why not."""
     slug = values.removesuffix("-values.yaml").replace("=", "-").lower()
     release, namespace = f"m-{slug}", f"matrix-{slug}"
     lab.kubectl("create", "namespace", namespace)
     extra = ["--set", f"operator.{values}"] if values.startswith("logLevel=") else ["-f", str(CHART / "ci" / values)]
     if not values.startswith("logLevel="):
         _values_prerequisites(lab, namespace, CHART / "ci" / values)
-    # After the file: the images built here, and a schedulable pod on the lab (no pull secret can pull).
-    helm(lab, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *extra,
-         *local_image_values(), "--set", "imagePullSecrets=null", "--set", "priorityClassName=",
-         "--wait", "--timeout=3m")
     try:
-        (pod,) = operator_pods(lab, namespace, release)
+        # After the file: the images built here, and a schedulable pod on the lab (no pull secret can pull).
+        helm(lab, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *extra,
+             *local_image_values(), "--set", "imagePullSecrets=null", "--set", "priorityClassName=",
+             "--wait", "--timeout=3m")
+        (pod,) = operator_pods(lab.admin_rest(), namespace, release)  # a client per thread
         status = pod["status"]["containerStatuses"][0]
-        assert status["ready"] and status["restartCount"] == 0, status
         logs = lab.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
-        assert "Usage: kubetrain" not in logs, logs  # click's answer to an argument it rejects
+        if not status["ready"] or status["restartCount"] or "Usage: kubetrain" in logs:  # click rejected an argument
+            return f"not Ready or restarted: {status}\n{logs[-2000:]}"
+        return None
+    except AssertionError as error:  # helm failed (--wait timed out): its output says why
+        return str(error)
     finally:
         helm(lab, "uninstall", release, "--namespace", namespace, "--wait")
+
+
+# Before the job tests: these operators watch every namespace, and no job of another test should exist yet.
+def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCluster) -> None:
+    with ThreadPoolExecutor(len(MATRIX)) as pool:  # all at once: each waits on its own pod
+        outcomes = dict(zip(MATRIX, pool.map(partial(_operator_starts_with, in_cluster.lab), MATRIX), strict=True))
+    failed = {case: why for case, why in outcomes.items() if why}
+    assert not failed, failed
 
 
 def example_job(*, cpu: str = FITS_THE_NODE) -> str:
