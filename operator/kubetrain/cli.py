@@ -144,7 +144,8 @@ def run_command(file: Path, workdir: Path) -> None:
 
     from kubetrain.local import run_local
 
-    sys.exit(run_local(job, workdir, Console()))
+    # soft_wrap: the terminal wraps long lines itself; a log file or pipe gets paths unbroken.
+    sys.exit(run_local(job, workdir, Console(soft_wrap=True)))
 
 
 @main.command("operator")
@@ -188,7 +189,8 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
 @click.option("--namespace", "-n", default="default", show_default=True)
 @click.option("--timeout", default=86400, show_default=True, help="Give up after this many seconds.")
 def watch_command(name: str, namespace: str, timeout: int) -> None:
-    """Show a live progress bar of a TrainingJob until it finishes (exit 0: Succeeded, 1: Failed)."""
+    """Show a live progress bar of a TrainingJob until it finishes, reconnecting when the watch drops
+    (exit 0: Succeeded, 1: Failed or deleted, 3: --timeout passed)."""
     from kubetrain.watch import watch_job
 
     sys.exit(watch_job(namespace, name, timeout))

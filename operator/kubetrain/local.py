@@ -2,8 +2,9 @@
 
 Each of the job's nodes becomes one local torchrun agent; the agents meet through a real c10d
 rendezvous on 127.0.0.1, exactly as the pods do through ``<job>-0.<job>``. The image is not pulled:
-the trainer of the current Python environment runs. Checkpoints and logs go under ``--workdir``,
-so running the same file again resumes from the last checkpoint.
+the Python environment that runs kubetrain stands in for it (its ``bin`` first on PATH, so ``python`` and
+``torchrun`` in ``command:`` are the ones kubetrain runs with, activated or not). Checkpoints and logs go
+under ``--workdir``, so running the same file again resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kubetrain import api
 from kubetrain.progress import parse_progress
@@ -54,8 +55,18 @@ class LocalRun:
     metrics_port: int
 
 
-def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metrics_port: int) -> LocalRun:
-    """One torchrun agent per node of the job, all on this machine."""
+def path_with_interpreter(executable: str, path: str) -> str:
+    """PATH with the directory of ``executable`` first: the environment's own ``python`` and ``torchrun``.
+
+    Not resolved: a virtual environment's python is a symlink, and only its own path finds the venv.
+    """
+    first = str(Path(executable).parent)
+    return os.pathsep.join([first, *(entry for entry in path.split(os.pathsep) if entry and entry != first)])
+
+
+def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metrics_port: int,
+                   path: str = os.defpath) -> LocalRun:
+    """One torchrun agent per node of the job, all on this machine; ``path``: the PATH kubetrain was given."""
     spec = job.spec
     run_dir = workdir / job.name
     checkpoint_dir, log_dir = run_dir / "checkpoints", run_dir / "logs"
@@ -82,6 +93,7 @@ def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metric
             api.ENV.METRICS_PORT: str(metrics_port + index * spec.procs_per_node),
             "KUBETRAIN_TERMINATION_LOG": str(log_dir / f"node-{index}.termination"),
             api.ENV.NO_SHARED_STORE: "1",
+            "PATH": path_with_interpreter(sys.executable, path),
         }
         env |= {e["name"]: e["value"] for e in spec.env if "value" in e}
         environments.append(env)
@@ -112,9 +124,11 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
     """Run the job here with a live progress bar; return the first non-zero exit code, or 0."""
-    plan = plan_local_run(job, workdir, _free_port(), _free_port())
+    plan = plan_local_run(job, workdir, _free_port(), _free_port(), os.environ.get("PATH", os.defpath))
     plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    for stale in plan.log_dir.glob("node-*.termination"):
+        stale.unlink()  # a previous run's last words must not pass for this run's
     spec = job.spec
     console.print(f"[bold]{job.name}[/]: {spec.nodes} node(s) x {spec.procs_per_node} process(es) on this machine; "
                   f"checkpoints in {plan.checkpoint_dir}, logs in {plan.log_dir}")
@@ -124,23 +138,9 @@ def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
         processes.append(subprocess.Popen(command, env=os.environ | dict(env), stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
         log.close()  # the child holds its own descriptor
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     last: TrainingProgress | None = None
     try:
-        with Progress(*columns, console=console) as bar:
-            task = bar.add_task(job.name, total=spec.total_steps, detail="starting")
-            while any(p.poll() is None for p in processes):
-                time.sleep(1.0)
-                last = _scrape(plan.metrics_port) or last
-                if last is not None:
-                    detail = f"loss {last.loss:.4g}" if last.loss is not None else ""
-                    if last.samples_per_second:
-                        detail += f" | {last.samples_per_second:.0f} samples/s"
-                    bar.update(task, completed=last.step, total=last.total_steps or spec.total_steps, detail=detail)
-            report = _final_report(plan.log_dir)
-            if "step" in report:
-                bar.update(task, completed=report["step"])
+        last = _follow(job, plan, processes, console)
     except KeyboardInterrupt:
         console.print("stopping: the trainer writes a checkpoint first (run again to resume)")
     finally:
@@ -152,10 +152,50 @@ def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
         reason = f": {report.get('reason')}: {report.get('message', '')}" if report else ""
         console.print(f"[red]failed[/] (exit codes {codes}){reason}; logs in {plan.log_dir}")
     else:
-        facts = [f"{key} {report[key]:.4g}" if isinstance(report[key], float) else f"{key} {report[key]}"
-                 for key in ("step", "loss", "evalLoss", "evalAccuracy") if key in report]
-        console.print(f"[green]succeeded[/]: {', '.join(facts) or 'done'}; checkpoints in {plan.checkpoint_dir}")
+        console.print(f"[green]succeeded[/]: {_summary(report, last)}; checkpoints in {plan.checkpoint_dir}")
     return failed
+
+
+def _follow(job: TrainingJob, plan: LocalRun, processes: list[subprocess.Popen[bytes]],
+            console: Console) -> TrainingProgress | None:
+    """The live bar until every agent exits; the last progress scraped from rank 0."""
+    spec = job.spec
+    waiting = "starting" if spec.command is None else "no progress metrics from the program"
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    last: TrainingProgress | None = None
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(job.name, total=None, count="", detail=waiting)
+        while any(p.poll() is None for p in processes):
+            time.sleep(1.0)
+            last = _scrape(plan.metrics_port) or last
+            if last is not None:
+                total = last.total_steps or spec.total_steps
+                bar.update(task, completed=last.step, total=total, count=f"{last.step}/{total or '?'}",
+                           detail=_describe(last))
+        report = _final_report(plan.log_dir)
+        if "step" in report:
+            total = report.get("totalSteps") or spec.total_steps
+            bar.update(task, completed=report["step"], total=total, count=f"{report['step']}/{total or '?'}")
+    return last
+
+
+def _describe(progress: TrainingProgress) -> str:
+    detail = f"loss {progress.loss:.4g}" if progress.loss is not None else ""
+    if progress.samples_per_second:
+        detail += f" | {progress.samples_per_second:.0f} samples/s"
+    return detail
+
+
+def _summary(report: Mapping[str, Any], last: TrainingProgress | None) -> str:
+    """The final step and loss: the program's last words, else the last progress scraped."""
+    facts = {key: report[key] for key in ("step", "loss", "evalLoss", "evalAccuracy") if key in report}
+    if not facts and last is not None:
+        facts = {"step": last.step} | ({"loss": last.loss} if last.loss is not None else {})
+    if not facts:
+        return "the program reported no progress"
+    return ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in facts.items())
 
 
 def _final_report(log_dir: Path) -> dict[str, Any]:

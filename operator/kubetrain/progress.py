@@ -46,6 +46,8 @@ def parse_progress(text: str) -> Progress | None:
     checkpoint = optional("trainer_checkpoint_last_step")
     resumed = optional("trainer_resumed_from_step")
     epoch = optional("trainer_epoch")
+    steps_timed = optional("trainer_step_duration_seconds_count")
+    time_in_steps = optional("trainer_step_duration_seconds_sum")
     return Progress(
         step=int(step),
         total_steps=int(total) if total else None,
@@ -56,6 +58,7 @@ def parse_progress(text: str) -> Progress | None:
         checkpoint_step=int(checkpoint) if checkpoint is not None and checkpoint >= 0 else None,
         # The trainer says -1 for a fresh start: that is "resumed from step 0".
         resumed_from_step=max(0, int(resumed)) if resumed is not None else None,
+        seconds_per_step=time_in_steps / steps_timed if steps_timed and time_in_steps is not None else None,
     )
 
 

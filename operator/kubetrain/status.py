@@ -248,6 +248,7 @@ class Progress:
     heartbeat: datetime | None = None
     checkpoint_step: int | None = None
     resumed_from_step: int | None = None
+    seconds_per_step: float | None = None  # mean step time of the attempt: the ETA when samples/step is unknown
 
 
 def _loss_text(loss: float) -> str:
@@ -262,7 +263,8 @@ def progress_status(
     """status.progress from a progress report; the total from the report, else from the spec.
 
     The ETA divides the remaining steps by the step rate, which is the reported sample rate over
-    the samples one optimizer step consumes (batch size x accumulation x world size).
+    the samples one optimizer step consumes (batch size x accumulation x world size); for a user program,
+    whose samples per step the spec does not say, the mean step time it reported.
     """
     total = progress.total_steps or total_steps
     result: dict[str, Json] = {"step": progress.step, "updatedAt": isoformat(now)}
@@ -272,6 +274,8 @@ def progress_status(
         if progress.samples_per_second and samples_per_step and progress.step < total:
             steps_per_second = progress.samples_per_second / samples_per_step
             result["eta"] = format_duration((total - progress.step) / steps_per_second)
+        elif progress.seconds_per_step and progress.step < total:
+            result["eta"] = format_duration((total - progress.step) * progress.seconds_per_step)
         elif progress.step >= total:
             result["eta"] = "0s"
     else:

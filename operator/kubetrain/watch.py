@@ -31,15 +31,22 @@ def describe_status(status: Mapping[str, Json]) -> str:
 
 
 def watch_job(namespace: str, name: str, timeout: int = 86400, console: Console | None = None) -> int:
-    """Follow the job until it finishes; 0 when it succeeded, 1 when it failed, 3 on timeout."""
-    from kubetrain.kube import stream_job
+    """Follow the job until it ends, across lost connections; 0: it succeeded, 1: it failed or was deleted,
+    3: ``timeout`` seconds passed first."""
+    from kubetrain.kube import RECONNECTING, stream_job
 
     console = console or Console()
     last_phase = None
     with Progress(TextColumn("[bold]{task.fields[job]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=console) as bar:
         task: TaskID = bar.add_task("train", total=None, job=name, line="waiting for status")
-        for job in stream_job(namespace, name, timeout):
+        for kind, job in stream_job(namespace, name, timeout):
+            if kind == RECONNECTING:
+                bar.console.log(f"{name}: lost the watch ({job}); reconnecting")
+                continue
+            if kind == "DELETED":
+                bar.console.log(f"{name}: deleted")
+                return 1
             status = job.get("status") or {}
             progress = status.get("progress") or {}
             bar.update(task, total=progress.get("totalSteps"), completed=progress.get("step", 0),

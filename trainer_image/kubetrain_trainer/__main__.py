@@ -38,7 +38,6 @@ PreflightFailed, NonFiniteLoss, Error, and Completed (exit 0, with the final los
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -54,24 +53,16 @@ from .gpu import gpu_collector
 from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, StopFlag, log_json, train
 from .metrics import MetricsServer, TrainerMetrics, serve
 from .tasks import TaskContext, build_task
+from .termination import write_termination_message
 
 EXIT_ERROR: Final = 1
 EXIT_CONFIG: Final = 2
 EXIT_PREFLIGHT: Final = 3
-TERMINATION_LOG_ENV: Final = "KUBETRAIN_TERMINATION_LOG"
 
 
 def _termination_message(reason: str, code: int, step: int | None, message: str = "", **extra: float) -> None:
     """Tell Kubernetes why this container ended (it reads the file into the pod status)."""
-    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
-        return
-    override = os.environ.get(TERMINATION_LOG_ENV)
-    path = Path(override or "/dev/termination-log")
-    if not override and not path.exists():
-        return  # not in a Kubernetes container: nothing would read it
-    # Kubernetes keeps at most 4 KiB of it: keep the message short.
-    record = {"reason": reason, "exitCode": code, "step": step, "message": message[:2000], **extra}
-    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    write_termination_message({"reason": reason, "exitCode": code, "step": step, "message": message, **extra})
 
 
 def _arguments_answered(argv: list[str]) -> int | None:

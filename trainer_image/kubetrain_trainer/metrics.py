@@ -75,10 +75,11 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.buckets) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record ``value`` ``times`` times (a reporter that learns of k steps at once, each about ``value``)."""
+        self.counts[bisect.bisect_left(self.buckets, value)] += times
+        self.total += value * times
+        self.n += times
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, running = [], 0
@@ -121,12 +122,21 @@ class TrainerMetrics:
     # False until the run has restored its checkpoint: before that, step 0 and "no resume" would be
     # reported (and read by the operator) for a run that is about to continue from step N.
     started: bool = False
+    # Families this process cannot know (a user program's learning rate, say): left out, never shown as 0.
+    unreported: frozenset[str] = frozenset()
 
     def describe(self) -> Iterable[Any]:
         # Empty: the registry then skips calling collect() at registration time.
         return []
 
     def collect(self) -> Iterator[Any]:
+        if not self.started:
+            return
+        for family in self._families():
+            if family.name not in self.unreported:
+                yield family
+
+    def _families(self) -> Iterator[Any]:
         names, values = ["rank", "local_rank"], [str(self.rank), str(self.local_rank)]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -139,8 +149,6 @@ class TrainerMetrics:
             c.add_metric(values, value)
             return c
 
-        if not self.started:
-            return
         yield counter("trainer_steps", "Optimizer steps of the job (continues after resume).", self.step)
         yield gauge("trainer_step", "Current optimizer step of the job.", self.step)
         yield gauge("trainer_total_steps", "Planned optimizer steps of the run.", self.total_steps)

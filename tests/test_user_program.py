@@ -1,0 +1,66 @@
+"""A user's own program (`spec.command`, not the built-in trainer) reporting with `kubetrain_trainer.report`,
+on the lab's real API server with the operator: progress, loss and ETA in `kubectl get tj`, and its
+heartbeat driving the Stalled condition when it hangs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.lab.lab import Lab
+from tests.operator_fixtures import Jobs
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]
+
+Json = Any
+STALL_TIMEOUT = 20
+# Attempt 0 reports 40 of 100 steps (one per 0.25 s), then hangs alive; attempt 1 finishes at once.
+REPORT_THEN_HANG = (
+    "import os, sys, time\n"
+    "from kubetrain_trainer import report\n"
+    "if os.environ['KUBETRAIN_ATTEMPT'] != '0':\n"
+    "    sys.exit(0)\n"
+    "for step in range(1, 41):\n"
+    "    time.sleep(0.25)\n"
+    "    report(step=step, total_steps=100, loss=2.0 / step, samples=16)\n"
+    "time.sleep(600)\n"
+)
+
+
+def condition(status: Json, kind: str) -> Json:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def test_a_reporting_program_shows_progress_and_its_hang_is_caught_as_a_stall(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("mine", {
+        "nodes": 1, "procsPerNode": 1, "command": ["python", "-c", REPORT_THEN_HANG],
+        "resources": {"cpu": "100m", "memory": "512Mi", "sharedMemory": "64Mi"},
+        "failurePolicy": {"stallTimeoutSeconds": STALL_TIMEOUT},
+        "runPolicy": {"terminationGracePeriodSeconds": 5},
+    })
+    status = jobs.wait("mine", lambda s: s.get("progress", {}).get("step") == 40 and "eta" in s["progress"],
+                       "step 40 and an ETA scraped from the program", timeout=120)
+    progress = status["progress"]
+    assert progress["summary"] == "40% (40/100)"
+    assert progress["lossText"] == "0.05"
+    table = lab.kubectl("get", "tj", "mine", "-n", jobs.namespace, "-o", "wide").stdout
+    header, row = table.splitlines()[:2]
+    assert {"PROGRESS", "LOSS", "STEP", "ETA"} <= set(header.split()), table
+    assert "40% (40/100)" in row and " 0.05 " in row and f" {progress['eta']} " in row, table
+    # 60 steps left at about 0.25 s each: the ETA comes from the program's own step times.
+    assert progress["eta"] in {"14s", "15s", "16s", "17s", "18s", "19s", "20s"}, progress
+
+    status = jobs.wait("mine", lambda s: condition(s, "Stalled").get("status") == "True",
+                       "the Stalled condition", timeout=120)
+    assert f"stallTimeoutSeconds={STALL_TIMEOUT}" in condition(status, "Stalled")["message"]
+    status = jobs.wait("mine", lambda s: bool(s.get("failures")), "the stall's post-mortem")
+    failure = status["failures"][0]
+    assert failure["reason"] == "NoHeartbeat", failure
+    silent = (datetime.fromisoformat(failure["time"]) - datetime.fromisoformat(progress["heartbeatTime"]))
+    assert STALL_TIMEOUT <= silent.total_seconds() <= STALL_TIMEOUT + 10, (failure, progress)
+    stalled = [e for e in jobs.events("mine") if e["reason"] == "NoHeartbeat"]
+    assert stalled, jobs.events("mine")
+    status = jobs.wait_phase("mine", "Succeeded", timeout=180)
+    assert status["restarts"] == 1
