@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import yaml
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
 from tests.lab.procs import free_port, wait_for
-from tests.lab.rest import ApiError
+from tests.lab.rest import ApiError, Rest
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "trainingjobs.kubetrain.io.yaml"
@@ -189,32 +188,57 @@ def jobs(lab: Lab, namespace: str) -> Jobs:
     return Jobs(lab, namespace)
 
 
+def _list_version(api: Rest, path: str) -> str:
+    """The list's resourceVersion; a CRD established a moment ago answers 429 until its storage is ready."""
+    found: list[str] = []
+
+    def listed() -> bool:
+        try:
+            found.append(api.get(path)["metadata"]["resourceVersion"])
+            return True
+        except ApiError as error:
+            if error.status != 429:
+                raise
+            return False
+    wait_for(listed, 30, f"listing {path}", interval=0.5)
+    return found[-1]
+
+
 def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
-    """Start recording the distinct phases a job goes through (polled in a thread)."""
+    """Start recording the distinct phases a job goes through.
+
+    From a watch that starts before the job exists: the apiserver delivers every status write in order, so a
+    phase that lasts a few milliseconds (Pending, on a fast lab) is seen, which polling could miss.
+    """
     import threading
 
+    api = jobs.lab.admin_rest()  # its own connection for the long-lived watch
     phases: list[str] = []
     stop = threading.Event()
+    version = _list_version(api, jobs.base)
 
-    def observe() -> None:
-        try:
-            phase = jobs.status(name).get("phase")
-        except ApiError:  # not created yet
-            return
-        if phase and (not phases or phases[-1] != phase):
+    def note(job: Json) -> None:
+        phase = (job.get("status") or {}).get("phase")
+        if job["metadata"]["name"] == name and phase and (not phases or phases[-1] != phase):
             phases.append(phase)
 
-    def poll() -> None:
+    def follow() -> None:
+        nonlocal version
         while not stop.is_set():
-            observe()
-            time.sleep(0.1)
+            for event in api.watch(jobs.base, version, timeout_s=2):
+                if event["type"] == "ERROR":  # 410 Gone: our version was compacted; carry on from now
+                    version = _list_version(api, jobs.base)
+                    break
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    note(event["object"])
 
-    thread = threading.Thread(target=poll, daemon=True)
+    thread = threading.Thread(target=follow, daemon=True)
     thread.start()
 
     def finish() -> list[str]:
         stop.set()
-        thread.join(timeout=5)
-        observe()  # the phase the caller waited for
+        thread.join(timeout=10)
+        note(jobs.get(name))  # the phase the caller waited for
         return phases
     return finish
