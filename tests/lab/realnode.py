@@ -152,10 +152,6 @@ class RealNode:
                                                            str(self.network.subnet))))
         self._run("kube-proxy", [str(ensure_binary("kube-proxy")), f"--config={config}", "--v=1"])
 
-    def check_alive(self) -> None:
-        for proc in self.processes.values():
-            proc.check_alive()
-
     def stop(self) -> None:
         for name in ("kubelet", "kube-proxy"):
             if name in self.processes:
