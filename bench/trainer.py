@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
+from kubetrain.ports import free_port
 
 __all__ = ["BENCHMARKS", "Launched", "TrainerRun", "launch", "run_trainer", "throughput"]
 
@@ -71,13 +71,6 @@ def throughput(run: TrainerRun, batch: int = BATCH, warmup_fraction: float = 0.2
     return Throughput(rate, rate * batch * run.nproc, seconds / steps)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def _scraper(port: int) -> Iterator[list[int]]:
     """Scrape http://127.0.0.1:port/metrics every SCRAPE_INTERVAL_S in a thread; yields [successful scrapes]."""
@@ -116,7 +109,7 @@ class Launched:
             # everySteps 0: no periodic saves; the final save comes after the last step line, outside the window
             "checkpoint": {"everySteps": checkpoint_every, "keep": 2},
         }
-        port = _free_port() if metrics else 0
+        port = free_port() if metrics else 0
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PET_", "KUBETRAIN_", "TORCHELASTIC_"))
                and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}}

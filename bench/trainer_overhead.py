@@ -29,7 +29,6 @@ import json
 import math
 import re
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -40,6 +39,7 @@ from typing import Any
 
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median, percentile
+from kubetrain.ports import free_port
 
 __all__ = [
     "BENCHMARKS",
@@ -145,13 +145,6 @@ def count_series(text: str) -> int:
 
 
 # ---------------------------------------------------------------- plumbing
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> str:
@@ -286,7 +279,7 @@ def run_trainer_inprocess(ctx: Context, dctx: Any, *, steps: int, workers: int, 
     directory = ctx.workdir / f"overhead-{label}-{time.monotonic_ns()}"
     cfg = parse_config(_config(steps=steps, workers=workers, checkpoints=directory / "checkpoints"), env={})
     metrics = TrainerMetrics(rank=dctx.rank, local_rank=dctx.local_rank, world_size=dctx.world_size)
-    port = _free_port()
+    port = free_port()
     server = serve(metrics, port)
     scraper = _Scraper(port, scrape_every_s)
     trainer: Trainer | None = None
@@ -477,7 +470,7 @@ def scrape_bench(ctx: Context) -> list[Figure]:
     from kubetrain_trainer.metrics import serve
 
     metrics = _realistic_metrics()
-    port, empty_port = _free_port(), _free_port()
+    port, empty_port = free_port(), free_port()
     server = serve(metrics, port)
     empty_server, empty_thread = start_http_server(empty_port, registry=CollectorRegistry(auto_describe=False))
     wall: dict[int, list[float]] = {port: [], empty_port: []}

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
+from kubetrain.ports import free_port
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
-from tests.lab.procs import free_port, wait_for
+from tests.lab.procs import wait_for
 from tests.lab.rest import ApiError, Rest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from kubetrain.ports import free_port_range
 from kubetrain.progress import parse_progress
 from kubetrain.status import progress_status
 from kubetrain_trainer import Reporter
-from tests.trainer_helpers import REPO, free_port_base, scrape
+from tests.trainer_helpers import REPO, scrape
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -38,7 +39,7 @@ def page(port: int) -> str:
 
 @pytest.fixture
 def base_port() -> int:
-    return free_port_base(4)
+    return free_port_range(4)
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ LAST_WORDS_PROGRAM = (
 def test_local_rank_0_leaves_the_last_report_as_termination_message(tmp_path: Path, local_rank: str) -> None:
     log = tmp_path / "termination"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "trainer_image"), "LOCAL_RANK": local_rank,
-           "KUBETRAIN_METRICS_PORT": str(free_port_base(2)), "KUBETRAIN_TERMINATION_LOG": str(log)}
+           "KUBETRAIN_METRICS_PORT": str(free_port_range(2)), "KUBETRAIN_TERMINATION_LOG": str(log)}
     subprocess.run([sys.executable, "-c", LAST_WORDS_PROGRAM], env=env, check=True, timeout=60)
     if local_rank != "0":
         assert not log.exists()
@@ -179,7 +180,7 @@ def test_local_rank_0_leaves_the_last_report_as_termination_message(tmp_path: Pa
 def test_a_program_that_dies_before_its_end_leaves_its_log_as_the_message(tmp_path: Path) -> None:
     log = tmp_path / "termination"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "trainer_image"), "LOCAL_RANK": "0",
-           "KUBETRAIN_METRICS_PORT": str(free_port_base(1)), "KUBETRAIN_TERMINATION_LOG": str(log)}
+           "KUBETRAIN_METRICS_PORT": str(free_port_range(1)), "KUBETRAIN_TERMINATION_LOG": str(log)}
     crash = "from kubetrain_trainer import report\nreport(step=3, total_steps=5, loss=0.5)\nraise RuntimeError('boom')"
     result = subprocess.run([sys.executable, "-c", crash], env=env, check=False, timeout=60)
     assert result.returncode == 1

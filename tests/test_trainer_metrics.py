@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kubetrain.ports import free_port_range
 from tests.trainer_helpers import (
     Result,
-    free_port_base,
     run_trainer,
     scrape,
     start_trainer,
@@ -48,7 +48,7 @@ def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> 
 
 
 def test_metrics_while_training_then_sigterm_checkpoints_and_the_next_start_resumes(tmp_path: Path) -> None:
-    port = free_port_base(2)
+    port = free_port_range(2)
     termination = tmp_path / "termination-log"
     proc = start_trainer(CONFIG, tmp_path / "ckpt", nproc=2, metrics_port=port,
                          extra={"KUBETRAIN_TERMINATION_LOG": str(termination)})

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from kubetrain.ports import free_port_range
 from kubetrain_trainer.checkpoint import Checkpointer, TrainState, list_checkpoints
 from kubetrain_trainer.config import ConfigError, RunEnv, load_config, parse_config
 from kubetrain_trainer.data import (
@@ -26,7 +27,7 @@ from kubetrain_trainer.loop import plan_total_steps
 from kubetrain_trainer.metrics import Histogram, TrainerMetrics, serve
 from kubetrain_trainer.parallel import lr_at
 from kubetrain_trainer.tasks import TaskContext, build_task
-from tests.trainer_helpers import free_port_base, scrape
+from tests.trainer_helpers import scrape
 
 # --- configuration -------------------------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ def test_histogram_buckets_are_cumulative() -> None:
 def test_the_endpoint_serves_the_values_the_loop_set() -> None:
     m = TrainerMetrics(rank=3, local_rank=1, world_size=4)
     m.step, m.total_steps, m.loss_last, m.checkpoint_last_step = 42, 100, 0.25, 40
-    port = free_port_base(1)
+    port = free_port_range(1)
     server = serve(m, port)
     try:
         assert "trainer_steps_total" not in scrape(port), "no progress before the run restored its checkpoint"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,29 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 TRAINER_SRC = REPO / "trainer_image"
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
-
-
-def free_port_base(count: int) -> int:
-    """A base port with ``count`` consecutive free ports (checked by binding; good enough for tests)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count >= 65535:
-            continue
-        try:
-            socks = []
-            for port in range(base, base + count):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no free port range found")
 
 
 def trainer_env(config: Mapping[str, Any], ckpt: Path, *, nproc: int | None = None, metrics_port: int = 0,

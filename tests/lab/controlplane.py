@@ -15,10 +15,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubetrain.ports import free_port
 from tests.lab.build import ensure_binary
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.pki import CertFiles, Pki
-from tests.lab.procs import ManagedProcess, free_port, wait_for
+from tests.lab.procs import ManagedProcess, wait_for
 from tests.lab.runpaths import etcd_data_dir
 
 SERVICE_CIDR = "10.0.0.0/24"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,13 +47,6 @@ def heartbeat(say: Callable[[float], None], every: float = 30.0) -> Iterator[Non
         yield
     finally:
         done.set()
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel picks; a tiny race is acceptable for a lab)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:

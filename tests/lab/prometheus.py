@@ -26,8 +26,9 @@ from typing import Any
 import requests
 import yaml
 
+from kubetrain.ports import free_port
 from tests.lab.lab import Lab
-from tests.lab.procs import ManagedProcess, free_port, wait_for
+from tests.lab.procs import ManagedProcess, wait_for
 from tests.lab.rest import JSON, ApiError
 
 PROMETHEUS = "prometheus"
