@@ -180,9 +180,10 @@ def test_local_run_plan_has_one_agent_per_node(tmp_path: Path) -> None:
     job = parse(yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text()))
     plan = plan_local_run(job, tmp_path, rendezvous_port=29500, metrics_port=9500)
     assert len(plan.commands) == 2
-    command = plan.commands[0]
-    assert "--nnodes=2" in command and "--nproc-per-node=2" in command
-    assert "--rdzv-endpoint=127.0.0.1:29500" in command and command[-2:] == ("-m", "kubetrain_trainer")
+    assert plan.commands[0][-2:] == ("-m", "kubetrain_trainer")
+    env = plan.environments[0]
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "2")
+    assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:29500"
     assert [e["KUBETRAIN_METRICS_PORT"] for e in plan.environments] == ["9500", "9502"]
     assert json.loads(plan.environments[1]["KUBETRAIN_CONFIG"])["trainer"]["task"] == "digits"
     assert plan.checkpoint_dir == tmp_path / "digits" / "checkpoints"

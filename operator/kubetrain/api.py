@@ -101,6 +101,8 @@ class ENV:
     METRICS_PORT: Final = "KUBETRAIN_METRICS_PORT"
     CHECKPOINT_DIR: Final = "KUBETRAIN_CHECKPOINT_DIR"
     DATA_DIR: Final = "KUBETRAIN_DATA_DIR"
+    # Where local rank 0 writes its last words; unset in pods (Kubernetes mounts /dev/termination-log).
+    TERMINATION_LOG: Final = "KUBETRAIN_TERMINATION_LOG"
     # torch 2.x reuses one TCPStore across torchrun's in-place restarts; restarted workers then read
     # their dead predecessors' addresses and fail to connect. A fresh store per round avoids it.
     NO_SHARED_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,21 +26,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kubetrain import api
+from kubetrain.launch import Placement, launch_env, program_args
+from kubetrain.ports import free_port, free_port_range
 from kubetrain.progress import parse_progress
-from kubetrain.spec import TrainingJob, thaw
+from kubetrain.spec import TrainingJob
 from kubetrain.status import Progress as TrainingProgress
 
 __all__ = ["LocalRun", "plan_local_run", "run_local"]
 
 # Seconds the agents get to write a checkpoint after Ctrl-C, as a pod gets after SIGTERM.
 GRACE_SECONDS = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -66,33 +60,26 @@ def path_with_interpreter(executable: str, path: str) -> str:
 
 def plan_local_run(job: TrainingJob, workdir: Path, rendezvous_port: int, metrics_port: int,
                    path: str = os.defpath) -> LocalRun:
-    """One torchrun agent per node of the job, all on this machine; ``path``: the PATH kubetrain was given."""
+    """One torchrun agent per node of the job, all on this machine; ``path``: the PATH kubetrain was given.
+
+    ``metrics_port`` is the first of nodes x processes consecutive ports: rank r serves on base + r.
+    """
     spec = job.spec
     run_dir = workdir / job.name
     checkpoint_dir, log_dir = run_dir / "checkpoints", run_dir / "logs"
-    program = (["-m", "kubetrain_trainer"] if spec.command is None
-               else ["--no-python", *spec.command, *spec.args])
-    command = (
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.procs_per_node}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rendezvous_port}", f"--rdzv-id=local-{job.name}",
-        f"--max-restarts={spec.failure_policy.max_restarts}", *program,
-    )
+    command = (sys.executable, "-m", "torch.distributed.run", *program_args(job))
     environments = []
     for index in range(spec.nodes):
-        env = {
-            api.ENV.CONFIG: json.dumps(thaw(spec.trainer_config)),
-            api.ENV.JOB_NAME: job.name,
+        placement = Placement(
+            rendezvous_endpoint=f"127.0.0.1:{rendezvous_port}",
+            metrics_port=metrics_port + index * spec.procs_per_node,
+            checkpoint_dir=str(checkpoint_dir),
+            data_dir=str(run_dir / "data"),
+        )
+        env = launch_env(job, index, 0, placement) | {
             api.ENV.NAMESPACE: "local",
             api.ENV.POD_NAME: f"{job.name}-{index}",
-            api.ENV.NODE_INDEX: str(index),
-            api.ENV.ATTEMPT: "0",
-            api.ENV.CHECKPOINT_DIR: str(checkpoint_dir),
-            api.ENV.DATA_DIR: str(run_dir / "data"),
-            # Each agent's ranks get their own ports: base + node * procs + local rank.
-            api.ENV.METRICS_PORT: str(metrics_port + index * spec.procs_per_node),
-            "KUBETRAIN_TERMINATION_LOG": str(log_dir / f"node-{index}.termination"),
-            api.ENV.NO_SHARED_STORE: "1",
+            api.ENV.TERMINATION_LOG: str(log_dir / f"node-{index}.termination"),
             "PATH": path_with_interpreter(sys.executable, path),
         }
         env |= {e["name"]: e["value"] for e in spec.env if "value" in e}
@@ -124,7 +111,8 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
     """Run the job here with a live progress bar; return the first non-zero exit code, or 0."""
-    plan = plan_local_run(job, workdir, _free_port(), _free_port(), os.environ.get("PATH", os.defpath))
+    ranks = job.spec.nodes * job.spec.procs_per_node
+    plan = plan_local_run(job, workdir, free_port(), free_port_range(ranks), os.environ.get("PATH", os.defpath))
     plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for stale in plan.log_dir.glob("node-*.termination"):

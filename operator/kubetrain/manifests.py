@@ -1,18 +1,18 @@
 """Pure builders: a TrainingJob in, the headless Service and the pods of one attempt out (plain dicts).
 
-The pod contract (see docs/pod-contract.md): one pod per node named ``<job>-<index>``, hostname and
-subdomain so that ``<job>-0.<job>`` resolves before anything is ready, torchrun configured through
-the PET_* variables it reads natively, ``restartPolicy: Never`` because restarts are gang restarts
-decided by the operator, and the restricted Pod Security profile.
+The pod contract (its variables are listed in trainer_image/README.md): one pod per node named
+``<job>-<index>``, hostname and subdomain so that ``<job>-0.<job>`` resolves before anything is ready,
+torchrun configured through the PET_* variables it reads natively (launch.py), ``restartPolicy: Never``
+because restarts are gang restarts decided by the operator, and the restricted Pod Security profile.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 from kubetrain import api
+from kubetrain.launch import Placement, launch_env, program_args, rendezvous_id
 from kubetrain.spec import TrainingJob, thaw
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "job_selector",
     "owner_reference",
     "pod_name",
-    "rendezvous_id",
 ]
 
 Json = Any
@@ -35,11 +34,6 @@ RUN_AS_USER = 1000
 
 def pod_name(job_name: str, index: int) -> str:
     return f"{job_name}-{index}"
-
-
-def rendezvous_id(job: TrainingJob, attempt: int) -> str:
-    """Unique per attempt, so that agents of an old attempt can never join a new rendezvous."""
-    return f"{job.uid or job.name}-{attempt}"
 
 
 def _identity(job: TrainingJob) -> dict[str, str]:
@@ -103,37 +97,20 @@ def build_service(job: TrainingJob) -> dict[str, Json]:
 
 
 def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
-    spec = job.spec
-    values = {
-        api.ENV.NNODES: spec.nnodes,
-        api.ENV.NPROC_PER_NODE: str(spec.procs_per_node),
-        api.ENV.RDZV_BACKEND: "c10d",
-        api.ENV.RDZV_ENDPOINT: f"{pod_name(job.name, 0)}.{job.name}:{api.RENDEZVOUS_PORT}",
-        api.ENV.RDZV_ID: rendezvous_id(job, attempt),
-        api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
-        api.ENV.NO_SHARED_STORE: "1",
-        api.ENV.JOB_NAME: job.name,
-        api.ENV.NODE_INDEX: str(index),
-        api.ENV.ATTEMPT: str(attempt),
-        api.ENV.METRICS_PORT: str(api.METRICS_PORT),
-        api.ENV.CHECKPOINT_DIR: spec.checkpoint.path,
-        api.ENV.DATA_DIR: spec.data.path,
-        api.ENV.CONFIG: json.dumps(thaw(spec.trainer_config), sort_keys=True, separators=(",", ":")),
-    }
-    env: list[dict[str, Json]] = [{"name": name, "value": value} for name, value in values.items()]
+    placement = Placement(
+        rendezvous_endpoint=f"{pod_name(job.name, 0)}.{job.name}:{api.RENDEZVOUS_PORT}",
+        metrics_port=api.METRICS_PORT,
+        checkpoint_dir=job.spec.checkpoint.path,
+        data_dir=job.spec.data.path,
+    )
+    env: list[dict[str, Json]] = [{"name": name, "value": value}
+                                  for name, value in launch_env(job, index, attempt, placement).items()]
     env += [
         {"name": api.ENV.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": api.ENV.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": api.ENV.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
-    return env + [thaw(e) for e in spec.env]
-
-
-def _container_args(job: TrainingJob) -> list[str]:
-    if job.spec.command is None:
-        return ["-m", "kubetrain_trainer"]
-    # --no-python: the user's command is an executable (e.g. python train.py), run once per process.
-    return ["--no-python", *job.spec.command, *job.spec.args]
+    return env + [thaw(e) for e in job.spec.env]
 
 
 def _ports(job: TrainingJob) -> list[dict[str, Json]]:
@@ -230,7 +207,7 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *,
             "name": api.CONTAINER_NAME,
             "image": container_image(job, default_image),
             "command": ["torchrun"],
-            "args": _container_args(job),
+            "args": program_args(job),
             "env": _env(job, index, attempt),
             "ports": _ports(job),
             "resources": _resources(job),

@@ -1,0 +1,61 @@
+"""The one launch builder: torchrun's arguments and environment for one node of one attempt.
+
+Both the pods (manifests.py) and `kubetrain run` (local.py) start the job's program through this,
+so a change to the launch (a new variable, a torchrun setting) reaches both. Everything torchrun
+needs travels as the PET_* variables it reads natively, so the command line is just the program.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kubetrain import api
+from kubetrain.spec import TrainingJob, thaw
+
+__all__ = ["Placement", "launch_env", "program_args", "rendezvous_id"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one node's agent finds its peers and its storage: the only facts that differ between
+    a pod (``<job>-0.<job>``, the pod's volumes) and a local run (127.0.0.1, the work directory)."""
+
+    rendezvous_endpoint: str
+    metrics_port: int
+    checkpoint_dir: str
+    data_dir: str
+
+
+def rendezvous_id(job: TrainingJob, attempt: int) -> str:
+    """Unique per attempt, so that agents of an old attempt can never join a new rendezvous."""
+    return f"{job.uid or job.name}-{attempt}"
+
+
+def program_args(job: TrainingJob) -> list[str]:
+    """torchrun's arguments after its flags: the built-in trainer, or the user's command."""
+    if job.spec.command is None:
+        return ["-m", "kubetrain_trainer"]
+    # --no-python: the user's command is an executable (e.g. python train.py), run once per process.
+    return ["--no-python", *job.spec.command, *job.spec.args]
+
+
+def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement) -> dict[str, str]:
+    """The variables every agent of node ``index`` gets (the user's own env comes after, from the caller)."""
+    spec = job.spec
+    return {
+        api.ENV.NNODES: spec.nnodes,
+        api.ENV.NPROC_PER_NODE: str(spec.procs_per_node),
+        api.ENV.RDZV_BACKEND: "c10d",
+        api.ENV.RDZV_ENDPOINT: placement.rendezvous_endpoint,
+        api.ENV.RDZV_ID: rendezvous_id(job, attempt),
+        api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.NO_SHARED_STORE: "1",
+        api.ENV.JOB_NAME: job.name,
+        api.ENV.NODE_INDEX: str(index),
+        api.ENV.ATTEMPT: str(attempt),
+        api.ENV.METRICS_PORT: str(placement.metrics_port),
+        api.ENV.CHECKPOINT_DIR: placement.checkpoint_dir,
+        api.ENV.DATA_DIR: placement.data_dir,
+        api.ENV.CONFIG: json.dumps(thaw(spec.trainer_config), sort_keys=True, separators=(",", ":")),
+    }
