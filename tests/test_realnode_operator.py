@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -228,6 +230,7 @@ def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InClust
     jobs = Jobs(lab, real_namespace)
     lab.kubectl("apply", "-n", real_namespace, "-f", str(CLAIM))
     lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job())
+    following = _kubetrain_logs(lab, real_namespace, "digits", "--follow")  # before any pod exists
     status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 50,
                        "a first checkpoint", timeout=600)
     saved = status["lastCheckpoint"]["step"]
@@ -248,6 +251,52 @@ def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InClust
     assert "Succeeded" in row and "100% (300/300)" in row and status["progress"]["lossText"] in row
     assert '"step"' in lab.kubectl("logs", "-n", real_namespace, "digits-0").stdout, "attempt 1's output"
     _assert_checkpoints_written_by_uid_1000(lab, real_namespace)
+    _assert_kubetrain_logs(lab, real_namespace, failure, following)
+
+
+def _kubetrain_logs(lab: Lab, namespace: str, *args: str) -> subprocess.Popen[str]:
+    """`kubetrain logs` as a user runs it, in its own process (the client reads KUBECONFIG at import)."""
+    return subprocess.Popen([sys.executable, "-m", "kubetrain.cli", "logs", "-n", namespace, *args],
+                            env={**os.environ, "KUBECONFIG": str(lab.kubeconfig)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _output(process: subprocess.Popen[str], timeout: float = 60) -> str:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"exit {process.returncode}: {err[-2000:]}"
+    return out
+
+
+RANKED_LINE = re.compile(r"^(node-\d+) \| \[rank(\d+)\]: ")
+
+
+def _ranks_by_node(output: str) -> dict[str, frozenset[int]]:
+    """Which global ranks printed through which node (torchrun decides which node gets which ranks)."""
+    ranks: dict[str, set[int]] = {}
+    for match in filter(None, map(RANKED_LINE.match, output.splitlines())):
+        ranks.setdefault(match.group(1), set()).add(int(match.group(2)))
+    return {node: frozenset(found) for node, found in ranks.items()}
+
+
+def _assert_kubetrain_logs(lab: Lab, namespace: str, failure: Json, following: subprocess.Popen[str]) -> None:
+    """Every rank of both nodes, one rank alone, the killed attempt's post-mortem, and a follow that went
+    through the gang restart and ended with the job."""
+    followed = _output(following, timeout=120)
+    assert "--- attempt 1 ---" in followed, followed[-2000:]
+    for attempt_output in followed.split("--- attempt 1 ---"):
+        ranks = _ranks_by_node(attempt_output)
+        assert sorted(ranks) == ["node-0", "node-1"] and set().union(*ranks.values()) == {0, 1, 2, 3}, ranks
+    current = _output(_kubetrain_logs(lab, namespace, "digits"))
+    assert '"step"' in current and set().union(*_ranks_by_node(current).values()) == {0, 1, 2, 3}
+    only_rank_3 = _output(_kubetrain_logs(lab, namespace, "digits", "--rank", "3"))
+    ranks = _ranks_by_node(only_rank_3)
+    assert len(ranks) == 1 and set(ranks.values()) == {frozenset({3})}, ranks
+    assert all(RANKED_LINE.match(line) for line in only_rank_3.splitlines())
+    # The SIGKILLed container left no last words: the kubelet kept its log's tail, and the status keeps it.
+    assert "[rank" in failure.get("logTail", ""), failure
+    post_mortem = _output(_kubetrain_logs(lab, namespace, "digits", "--attempt", "0"))
+    assert "pods of attempt 0 are gone" in post_mortem and "digits-1: " in post_mortem
+    assert "exit code 137" in post_mortem and "  [rank" in post_mortem
 
 
 def _assert_checkpoints_written_by_uid_1000(lab: Lab, namespace: str) -> None:

@@ -7,6 +7,7 @@ copies of the env names and the metrics port, and ``tests/test_contract.py`` kee
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Final
 
@@ -21,6 +22,8 @@ __all__ = [
     "GROUP",
     "KIND",
     "LABEL",
+    "LOG_LINE_PREFIX",
+    "LOG_LINE_RANK",
     "METRICS_PORT",
     "PLURAL",
     "RENDEZVOUS_PORT",
@@ -63,6 +66,8 @@ DATA_VOLUME: Final = "data"
 MAX_NAME_LENGTH: Final = 50
 MAX_NODES: Final = 512
 MAX_FAILURES_KEPT: Final = 20
+# Characters of a failed pod's termination message kept in its failure record (the kubelet keeps at most 4096).
+LOG_TAIL_CHARS: Final = 2048
 
 
 class LABEL:
@@ -90,6 +95,8 @@ class ENV:
     RDZV_ID: Final = "PET_RDZV_ID"
     RDZV_CONF: Final = "PET_RDZV_CONF"
     MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+    TEE: Final = "PET_TEE"
+    LOG_LINE_PREFIX: Final = "PET_LOG_LINE_PREFIX_TEMPLATE"
     # kubetrain's own contract with the trainer image.
     CONFIG: Final = "KUBETRAIN_CONFIG"  # JSON: {"trainer": ..., "data": ..., "checkpoint": ...}
     JOB_NAME: Final = "KUBETRAIN_JOB_NAME"
@@ -107,6 +114,11 @@ class ENV:
     # their dead predecessors' addresses and fail to connect. A fresh store per round avoids it.
     NO_SHARED_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
+
+# Every line a worker prints starts with its global rank (torchrun's --tee 3 and prefix template), so the
+# interleaved output of a node's processes can be told apart and filtered (`kubetrain logs --rank`).
+LOG_LINE_PREFIX: Final = "[rank${rank}]: "
+LOG_LINE_RANK: Final = re.compile(r"^\[rank(\d+)\]: ")
 
 # Users may not set these: they would break rendezvous or the rank arithmetic.
 RESERVED_ENV_PREFIXES: Final = ("PET_", "KUBETRAIN_", "TORCHELASTIC_")

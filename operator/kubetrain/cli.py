@@ -196,5 +196,31 @@ def watch_command(name: str, namespace: str, timeout: int) -> None:
     sys.exit(watch_job(namespace, name, timeout))
 
 
+@main.command("logs")
+@click.argument("name")
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming, through every new attempt, until the job ends.")
+@click.option("--attempt", type=click.IntRange(min=0), default=None,
+              help="This attempt's pods (default: the newest); when they are gone, its recorded failures.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this global rank's lines.")
+def logs_command(name: str, namespace: str, follow: bool, attempt: int | None, rank: int | None) -> None:
+    """Print the output of every pod of a TrainingJob, each line prefixed by its node
+    (exit 0: shown, or with --follow the job succeeded; 1: nothing to show, or the job failed)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from kubetrain.logs import show_logs
+
+    try:
+        code = show_logs(namespace, name, follow=follow, attempt=attempt, rank=rank,
+                         write=click.echo)
+    except ApiException as error:
+        if error.status != 404:
+            raise click.ClickException(f"the API server refused: {error.status} {error.reason}") from error
+        raise click.ClickException(f'trainingjob "{name}" not found in namespace "{namespace}"') from error
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     main()

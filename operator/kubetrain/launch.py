@@ -50,6 +50,8 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         api.ENV.RDZV_ENDPOINT: placement.rendezvous_endpoint,
         api.ENV.RDZV_ID: rendezvous_id(job, attempt),
         api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below
+        api.ENV.LOG_LINE_PREFIX: api.LOG_LINE_PREFIX,
         api.ENV.NO_SHARED_STORE: "1",
         api.ENV.JOB_NAME: job.name,
         api.ENV.NODE_INDEX: str(index),

@@ -212,6 +212,9 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *,
             "ports": _ports(job),
             "resources": _resources(job),
             "volumeMounts": mounts,
+            # A worker that dies without last words (segfault, SIGKILL, a user program's traceback) leaves
+            # the tail of its log as the message, which the failure record keeps after the pod is gone.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": {
                 "allowPrivilegeEscalation": False,
                 "capabilities": {"drop": ["ALL"]},
