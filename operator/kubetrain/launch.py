@@ -49,6 +49,8 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         api.ENV.RDZV_BACKEND: "c10d",
         api.ENV.RDZV_ENDPOINT: placement.rendezvous_endpoint,
         api.ENV.RDZV_ID: rendezvous_id(job, attempt),
+        # Agents wait this long for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
+        api.ENV.RDZV_CONF: f"join_timeout={spec.failure_policy.rendezvous_timeout_seconds}",
         api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
         api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below
         api.ENV.LOG_LINE_PREFIX: api.LOG_LINE_PREFIX,

@@ -89,6 +89,7 @@ class FailurePolicy:
     stall_timeout_seconds: int
     restart_on_oom: bool
     node_lost_timeout_seconds: int
+    rendezvous_timeout_seconds: int
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ def _job_spec(spec: Mapping[str, Json]) -> JobSpec:
             stall_timeout_seconds=int(failure["stallTimeoutSeconds"]),
             restart_on_oom=bool(failure["restartOnOOM"]),
             node_lost_timeout_seconds=int(failure["nodeLostTimeoutSeconds"]),
+            rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
         ),
         run_policy=RunPolicy(
             active_deadline_seconds=run.get("activeDeadlineSeconds"),
