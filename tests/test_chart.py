@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from kubetrain.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
+from tests.operator_rights import DISCOVERY_RULES, NAMESPACE_RULES, operator_rules
 from tests.test_chart_support import (
     CHART,
     CI_VALUES,
@@ -36,19 +37,8 @@ MONITORING = CHART / "ci" / "monitoring-values.yaml"
 NAMESPACED = CHART / "ci" / "namespaced-values.yaml"
 CUSTOM_IMAGE = CHART / "ci" / "custom-image-values.yaml"
 
-# What the operator does in the API (see the chart's _helpers.tpl): (apiGroup, resource, verb).
-JOB_RULES = {
-    *((GROUP, PLURAL, verb) for verb in ("get", "list", "watch", "delete")),
-    *((GROUP, f"{PLURAL}/status", verb) for verb in ("get", "patch", "update")),
-    *(
-        ("", res, verb)
-        for res in ("pods", "services")
-        for verb in ("get", "list", "watch", "create", "delete", "patch")
-    ),
-    *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
-}
-DISCOVERY_RULES = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
-NAMESPACE_RULES = {("", "namespaces", verb) for verb in ("list", "watch")}
+# What the operator does in the API, derived from its code (tests/operator_rights.py): (apiGroup, resource, verb).
+JOB_RULES = operator_rules()
 STANDARD_LABELS = (
     "helm.sh/chart",
     "app.kubernetes.io/name",
@@ -458,7 +448,8 @@ def test_pod_monitor_labels_targets_with_the_training_job() -> None:
     relabelings = endpoint["relabelings"]
     assert _relabel(relabelings, "training_job")["sourceLabels"] == [_prometheus_label(LABEL.JOB_NAME)]
     assert _relabel(relabelings, "node_index")["sourceLabels"] == [_prometheus_label(LABEL.NODE_INDEX)]
-    assert _relabel(relabelings, "attempt")["sourceLabels"] == [_prometheus_label(LABEL.ATTEMPT)]
+    # No attempt label: it made new series at every gang restart (the attempt is in the job's status).
+    assert not [r for r in relabelings if r.get("targetLabel") == "attempt"]
     assert _relabel(relabelings, "namespace")["sourceLabels"] == ["__meta_kubernetes_namespace"]
     assert _relabel(relabelings, "pod")["sourceLabels"] == ["__meta_kubernetes_pod_name"]
     assert endpoint["path"] == "/metrics"

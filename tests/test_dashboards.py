@@ -3,6 +3,7 @@ valid PromQL (promtool parses it) that reads only metrics of the trainer/operato
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,7 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     for name in FILES:
         dashboard = load(name)
         exprs = [expr for _, expr in queries(dashboard)]
-        exprs += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+        exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
         for expr in exprs:
             # label_values(selector, label) is Grafana's: promtool checks its selector.
             query = expr.removeprefix("label_values(").rsplit(",", 1)[0] if expr.startswith("label_values(") else expr
@@ -192,6 +193,46 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     result = run_promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+# Two attempts of a 2-node job, 2 ranks per node: (pod address, world size, resumed-from step, sample values).
+# Attempt 1 starts new pods (same names, new addresses) after a 2-minute gap, at world size 2, from step 100.
+ATTEMPTS = [("10.0.0", 4, -1, "{}x10"), ("10.0.1", 2, 100, "_x12 {}x20")]
+
+
+def _attempt_series() -> list[dict[str, str]]:
+    series = []
+    for (address, world_size, resumed, values), node, local_rank in itertools.product(ATTEMPTS, (0, 1), (0, 1)):
+        labels = (
+            f'namespace="ml", training_job="digits", pod="digits-{node}", node_index="{node}",'
+            f' rank="{2 * node + local_rank}", local_rank="{local_rank}",'
+            f' instance="{address}.{node}:{9400 + local_rank}"'
+        )
+        series.append({"series": f"trainer_world_size{{{labels}}}", "values": values.format(world_size)})
+        series.append({"series": f"trainer_resumed_from_step{{{labels}}}", "values": values.format(resumed)})
+    return series
+
+
+@pytest.mark.parametrize(
+    ("title", "eval_time", "value"),
+    [
+        ("Restarts in range", "5m", 0),
+        ("Restarts in range", "25m", 1),
+        ("Resumed from step", "5m", -1),
+        ("Resumed from step", "25m", 100),
+        ("World size", "25m", 2),
+    ],
+)
+def test_restart_panels_tell_attempts_apart_without_an_attempt_label(
+    tmp_path: Path, title: str, eval_time: str, value: int
+) -> None:
+    (expr,) = [expr for panel_title, expr in queries(load("training-job.json")) if panel_title == title]
+    check = {"expr": fill(expr), "eval_time": eval_time, "exp_samples": [{"labels": "{}", "value": value}]}
+    write_yaml(tmp_path / "none.rules.yaml", {"groups": []})
+    test = {"interval": "1m", "input_series": _attempt_series(), "promql_expr_test": [check]}
+    write_yaml(tmp_path / "attempts.test.yaml", {"rule_files": ["none.rules.yaml"], "tests": [test]})
+    result = run_promtool("test", "rules", "attempts.test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_metric_name_check_catches_unknown_and_renamed_metrics() -> None:

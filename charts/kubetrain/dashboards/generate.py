@@ -5,6 +5,9 @@ JSON differs from what this script writes::
 
     python charts/kubetrain/dashboards/generate.py
 
+It builds them with grafana-foundation-sdk (in the ``test`` extra: ``pip install -e '.[test]'``); the chart
+ships the JSON and needs nothing at install time.
+
 ``TRAINER_METRICS``, ``OPERATOR_METRICS`` and ``DCGM_METRICS`` are the one list of metric names the
 dashboards and the chart's alerts may use (``tests/test_dashboards.py`` and ``tests/test_alerts.py`` check
 every query against them). When the trainer or the operator renames a metric, edit it here, regenerate, and
@@ -13,9 +16,18 @@ fix the queries the tests point at.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from string import ascii_uppercase
+from typing import TypeVar
+
+from grafana_foundation_sdk.builders import common as options
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
 
 __all__ = [
     "DASHBOARDS",
@@ -33,7 +45,8 @@ __all__ = [
 
 # name -> Prometheus type, as trainer_image/kubetrain_trainer/metrics.py and gpu.py export them. Every trainer
 # series carries rank and local_rank (one GPU per process: no gpu label); the PodMonitor adds namespace, pod,
-# training_job, node_index and attempt. Job-wide values (steps, samples, tokens, model FLOPs, loss, non-finite
+# training_job and node_index (no attempt: a label per attempt made new series at every restart; the attempt is
+# in the TrainingJob's status). Job-wide values (steps, samples, tokens, model FLOPs, loss, non-finite
 # losses) are reported by every rank: queries take their max over ranks, never their sum.
 TRAINER_METRICS: dict[str, str] = {
     "trainer_steps_total": "counter",
@@ -93,9 +106,9 @@ DCGM_METRICS: dict[str, str] = {
 }
 
 # Labels each source's series carry (Prometheus target labels included): queries may filter and group on
-# these only. The PodMonitor adds training_job, node_index and attempt to trainer series.
+# these only. The PodMonitor adds training_job and node_index to trainer series.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "service"})
-TRAINER_LABELS = TARGET_LABELS | {"rank", "local_rank", "training_job", "node_index", "attempt", "phase", "le", "name"}
+TRAINER_LABELS = TARGET_LABELS | {"rank", "local_rank", "training_job", "node_index", "phase", "le", "name"}
 OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le"}
 DCGM_LABELS = TARGET_LABELS | {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
 
@@ -115,172 +128,78 @@ def exposed_names(metrics: dict[str, str]) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A small builder: enough of Grafana's dashboard model (schemaVersion 39) for timeseries and stat panels.
+# Panels and dashboards, on grafana-foundation-sdk's typed builders.
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-_WIDTH = 24
-
-
-class _Layout:
-    """Places panels left to right in rows of 24 columns and hands out panel ids."""
-
-    def __init__(self) -> None:
-        self.panels: list[dict[str, Any]] = []
-        self._x = 0
-        self._y = 0
-        self._row_height = 0
-        self._next_id = 1
-
-    def row(self, title: str) -> None:
-        self._newline()
-        self.panels.append(
-            {
-                "type": "row",
-                "title": title,
-                "id": self._take_id(),
-                "collapsed": False,
-                "gridPos": {"h": 1, "w": _WIDTH, "x": 0, "y": self._y},
-                "panels": [],
-            }
-        )
-        self._y += 1
-
-    def add(self, panel: dict[str, Any], width: int, height: int) -> None:
-        if self._x + width > _WIDTH:
-            self._newline()
-        panel["id"] = self._take_id()
-        panel["gridPos"] = {"h": height, "w": width, "x": self._x, "y": self._y}
-        self.panels.append(panel)
-        self._x += width
-        self._row_height = max(self._row_height, height)
-
-    def _newline(self) -> None:
-        self._y += self._row_height
-        self._x = 0
-        self._row_height = 0
-
-    def _take_id(self) -> int:
-        self._next_id += 1
-        return self._next_id - 1
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+Query = tuple[str, str]  # (PromQL expression, legend format)
+AnyPanel = TypeVar("AnyPanel", stat.Panel, timeseries.Panel)
+Section = tuple[str, list[stat.Panel | timeseries.Panel]]  # a row's title, then its panels left to right
 
 
-def _target(expr: str, legend: str, ref: str, *, instant: bool = False) -> dict[str, Any]:
-    target: dict[str, Any] = {
-        "datasource": DATASOURCE,
-        "expr": expr,
-        "legendFormat": legend,
-        "refId": ref,
-    }
-    if instant:
-        target["instant"] = True
-        target["range"] = False
-    return target
-
-
-def _panel(
-    kind: str,
-    title: str,
-    description: str,
-    queries: list[tuple[str, str]],
-    unit: str,
-    *,
-    instant: bool = False,
-    **options: Any,
-) -> dict[str, Any]:
-    refs = "ABCDEFGH"
-    defaults: dict[str, Any] = {"unit": unit}
-    defaults.update(options.pop("defaults", {}))
-    panel: dict[str, Any] = {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": [_target(expr, legend, refs[i], instant=instant) for i, (expr, legend) in enumerate(queries)],
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": options.pop("panel_options", {}),
-    }
-    panel.update(options)
+def _with_queries(panel: AnyPanel, queries: tuple[Query, ...], *, instant: bool = False) -> AnyPanel:
+    # Each target names the datasource variable too: Grafana sends a target without one to the default source.
+    for ref_id, (expr, legend) in zip(ascii_uppercase, queries, strict=False):
+        query = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref_id).datasource(DATASOURCE)
+        panel.with_target(query.instant() if instant else query)
     return panel
 
 
-def timeseries(title: str, description: str, queries: list[tuple[str, str]], unit: str, **kw: Any) -> dict[str, Any]:
-    kw.setdefault(
-        "panel_options",
-        {
-            "legend": {"displayMode": "list", "placement": "bottom"},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-    )
-    return _panel("timeseries", title, description, queries, unit, **kw)
+def timeseries_panel(
+    title: str, description: str, unit: str, *queries: Query, width: int, height: int = 8
+) -> timeseries.Panel:
+    # showLegend explicitly: the SDK writes false unless told, and Grafana then hides the legend.
+    legend = options.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST).show_legend(True)
+    tooltip = options.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING)
+    panel = timeseries.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+    panel = panel.legend(legend.placement(common.LegendPlacement.BOTTOM)).tooltip(tooltip)
+    return _with_queries(panel.span(width).height(height), queries)
 
 
-def stat(title: str, description: str, queries: list[tuple[str, str]], unit: str, **kw: Any) -> dict[str, Any]:
-    kw.setdefault(
-        "panel_options",
-        {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "value",
-            "graphMode": "none",
-            "textMode": "auto",
-        },
-    )
-    return _panel("stat", title, description, queries, unit, instant=True, **kw)
+def stat_panel(title: str, description: str, unit: str, *queries: Query, width: int, height: int = 4) -> stat.Panel:
+    last_value = options.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+    panel = stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+    panel = panel.reduce_options(last_value).color_mode(common.BigValueColorMode.VALUE)
+    panel = panel.graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.AUTO)
+    return _with_queries(panel.span(width).height(height), queries, instant=True)
 
 
-def _datasource_variable() -> dict[str, Any]:
-    return {
-        "name": "datasource",
-        "label": "Data source",
-        "type": "datasource",
-        "query": "prometheus",
-        "current": {},
-        "hide": 0,
-        "refresh": 1,
-        "regex": "",
-    }
+def stacked(panel: timeseries.Panel) -> timeseries.Panel:
+    return panel.stacking(options.StackingConfig().mode(common.StackingMode.NORMAL)).fill_opacity(40)
 
 
-def _query_variable(name: str, label: str, query: str, *, multi: bool = False) -> dict[str, Any]:
-    variable: dict[str, Any] = {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-variable"},
-        "definition": query,
-        "current": {},
-        "hide": 0,
-        "refresh": 2,
-        "sort": 1,
-        "regex": "",
-        "includeAll": multi,
-        "multi": multi,
-    }
-    if multi:
-        variable["allValue"] = ".*"
-    return variable
+# Variable ids are set to the names: the SDK's default id is one zero UUID for every variable, and Grafana
+# keys its variable state by id.
+def datasource_variable() -> dashboard.DatasourceVariable:
+    return dashboard.DatasourceVariable("datasource").id("datasource").label("Data source").type("prometheus")
 
 
-def _dashboard(
-    uid: str, title: str, description: str, variables: list[dict[str, Any]], layout: _Layout
-) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["kubetrain"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-6h", "to": "now"},
-        "timezone": "browser",
-        "templating": {"list": variables},
-        "annotations": {"list": []},
-        "links": [],
-        "panels": layout.panels,
-    }
+def query_variable(name: str, label: str, query: str, *, multi: bool = False) -> dashboard.QueryVariable:
+    variable = dashboard.QueryVariable(name).id(name).label(label).datasource(DATASOURCE).regex("")
+    variable = variable.query({"query": query, "refId": f"{name}-variable"}).multi(multi).include_all(multi)
+    variable = variable.refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
+    return variable.all_value(".*") if multi else variable
+
+
+def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
+    board = dashboard.Dashboard(title).uid(uid).description(description).tags(["kubetrain"]).editable()
+    board = board.tooltip(model.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-6h", "now")
+    return board.timezone("browser").version(1).annotations([])
+
+
+def with_sections(board: dashboard.Dashboard, sections: list[Section]) -> model.Dashboard:
+    """Each row followed by its panels; ids count up from 1 in reading order."""
+    ids = itertools.count(1)
+    for title, panels in sections:
+        board.with_row(dashboard.Row(title).id(next(ids)))
+        # The SDK starts a new line once the current one is full (24 columns), not before a panel that would
+        # cross the edge: each section's widths add up to whole lines (tests/test_dashboards.py checks the edge).
+        for panel in panels:
+            board.with_panel(panel.id(next(ids)))
+    built = board.build()
+    # The panels are already in schema 39's form (legend.showLegend set): no reason for Grafana to migrate
+    # them from the SDK's default, 36.
+    built.schema_version = 39
+    return built
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -290,531 +209,322 @@ RI = "[$__rate_interval]"
 # Every trainer query selects one job; ranks narrow further where a panel is per rank.
 JOB = 'namespace="$namespace", training_job="$job"'
 RANK = f'{JOB}, rank=~"$rank"'
+# The first process of node 0. A gang restart replaces every pod, and Prometheus scrapes a new pod at a new
+# address (its `instance` label): distinct instances of this process are the attempts seen.
+FIRST_PROCESS = f'{JOB}, node_index="0", local_rank="0"'
 # DCGM series name the pod, not the job: trainer pods are "<job>-<node index>". GPU panels aggregate per pod
 # so that `trainer... or DCGM...` keeps the trainer's series and falls back to DCGM's pod by pod.
 DCGM_POD = 'namespace="$namespace", pod=~"$job-[0-9]+"'
 
 
-def build_training_job() -> dict[str, Any]:
-    lay = _Layout()
-    lay.row("Status and progress")
-    lay.add(
-        stat(
-            "Progress",
-            "Last step over the total number of steps (rank 0).",
-            [(f"max(trainer_step{{{JOB}}}) / max(trainer_total_steps{{{JOB}}} > 0)", "progress")],
-            "percentunit",
-            defaults={"min": 0, "max": 1},
-        ),
-        4,
-        4,
+def status_section() -> Section:
+    heartbeat_age = dashboard.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(
+        [model.Threshold(None, "green"), model.Threshold(300, "orange"), model.Threshold(600, "red")]
     )
-    lay.add(stat("Step", "Current optimizer step.", [(f"max(trainer_step{{{JOB}}})", "step")], "none"), 3, 4)
-    lay.add(stat("Epoch", "Current epoch.", [(f"max(trainer_epoch{{{JOB}}})", "epoch")], "none"), 3, 4)
-    lay.add(
-        stat(
-            "ETA",
-            "Remaining steps divided by the current step rate.",
-            [
-                (
-                    f"(max(trainer_total_steps{{{JOB}}} > 0) - max(trainer_step{{{JOB}}}))"
-                    f" / max(rate(trainer_steps_total{{{JOB}}}{RI}))",
-                    "eta",
-                )
-            ],
-            "s",
-        ),
-        3,
-        4,
+    eta = (
+        f"(max(trainer_total_steps{{{JOB}}} > 0) - max(trainer_step{{{JOB}}}))"
+        f" / max(rate(trainer_steps_total{{{JOB}}}{RI}))"
     )
-    lay.add(
-        stat(
-            "Ranks reporting",
-            "Ranks whose metrics Prometheus scrapes, against the world size.",
-            [
-                (f"count(trainer_world_size{{{JOB}}})", "reporting"),
-                (f"max(trainer_world_size{{{JOB}}})", "world size"),
-            ],
-            "none",
+    attempts = f"count(count by (instance) (last_over_time(trainer_world_size{{{FIRST_PROCESS}}}[$__range])))"
+    return "Status and progress", [
+        stat_panel(
+            "Progress", "Last step over the total number of steps (rank 0).", "percentunit",
+            (f"max(trainer_step{{{JOB}}}) / max(trainer_total_steps{{{JOB}}} > 0)", "progress"), width=4,
+        ).min(0).max(1),
+        stat_panel("Step", "Current optimizer step.", "none", (f"max(trainer_step{{{JOB}}})", "step"), width=3),
+        stat_panel("Epoch", "Current epoch.", "none", (f"max(trainer_epoch{{{JOB}}})", "epoch"), width=3),
+        stat_panel("ETA", "Remaining steps divided by the current step rate.", "s", (eta, "eta"), width=3),
+        stat_panel(
+            "Ranks reporting", "Ranks whose metrics Prometheus scrapes, against the world size.", "none",
+            (f"count(trainer_world_size{{{JOB}}})", "reporting"),
+            (f"max(trainer_world_size{{{JOB}}})", "world size"),
+            width=4,
         ),
-        4,
-        4,
-    )
-    lay.add(
-        stat(
-            "Last step",
-            "Age of the newest training step (the heartbeat the stall alert watches).",
-            [(f"time() - max(trainer_last_step_timestamp_seconds{{{JOB}}} > 0)", "age")],
-            "s",
-            defaults={
-                "thresholds": {
-                    "mode": "absolute",
-                    "steps": [
-                        {"color": "green", "value": None},
-                        {"color": "orange", "value": 300},
-                        {"color": "red", "value": 600},
-                    ],
-                }
-            },
-        ),
-        3,
-        4,
-    )
-    lay.add(
-        stat(
+        stat_panel(
+            "Last step", "Age of the newest training step (the heartbeat the stall alert watches).", "s",
+            (f"time() - max(trainer_last_step_timestamp_seconds{{{JOB}}} > 0)", "age"), width=3,
+        ).thresholds(heartbeat_age),
+        stat_panel(
             "Restarts in range",
-            "Gang restarts seen in the time range (distinct attempts minus one).",
-            [
-                (
-                    f"count(count by (attempt) (last_over_time(trainer_world_size{{{JOB}}}[$__range]))) - 1",
-                    "restarts",
-                )
-            ],
+            "Gang restarts seen in the time range: the pods of node 0 that reported metrics, minus one"
+            " (every attempt starts new pods; the job's own count is its status.restarts).",
             "none",
+            (f"{attempts} - 1", "restarts"),
+            width=4,
         ),
-        4,
-        4,
-    )
+    ]
 
-    lay.row("Optimisation")
-    lay.add(
-        timeseries(
+
+def optimisation_section() -> Section:
+    mean_loss = f"max(rate(trainer_loss_sum{{{JOB}}}{RI})) / max(rate(trainer_loss_count{{{JOB}}}{RI}))"
+    return "Optimisation", [
+        timeseries_panel(
             "Loss",
             "Training loss (all-reduced over ranks): the exact mean over the interval from the summary's sum and"
             " count, the last step's loss, and the held-out loss at the last evaluation.",
-            [
-                (
-                    f"max(rate(trainer_loss_sum{{{JOB}}}{RI})) / max(rate(trainer_loss_count{{{JOB}}}{RI}))",
-                    "mean loss",
-                ),
-                (f"max(trainer_loss_last{{{JOB}}})", "last step"),
-                (f"max(trainer_eval_loss{{{JOB}}})", "eval loss"),
-            ],
             "none",
+            (mean_loss, "mean loss"),
+            (f"max(trainer_loss_last{{{JOB}}})", "last step"),
+            (f"max(trainer_eval_loss{{{JOB}}})", "eval loss"),
+            width=12,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Learning rate",
-            "Learning rate of the optimizer (rank 0).",
-            [(f"max(trainer_learning_rate{{{JOB}}})", "learning rate")],
-            "none",
+        timeseries_panel(
+            "Learning rate", "Learning rate of the optimizer (rank 0).", "none",
+            (f"max(trainer_learning_rate{{{JOB}}})", "learning rate"), width=6,
         ),
-        6,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Gradient norm",
-            "Global gradient norm before clipping, per rank.",
-            [(f"trainer_grad_norm{{{RANK}}}", "rank {{rank}}")],
-            "none",
+        timeseries_panel(
+            "Gradient norm", "Global gradient norm before clipping, per rank.", "none",
+            (f"trainer_grad_norm{{{RANK}}}", "rank {{rank}}"), width=6,
         ),
-        6,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Non-finite losses",
-            "NaN or infinite losses per interval.",
-            [(f"max(increase(trainer_nonfinite_loss_total{{{JOB}}}{RI}))", "non-finite")],
-            "none",
+        timeseries_panel(
+            "Non-finite losses", "NaN or infinite losses per interval.", "none",
+            (f"max(increase(trainer_nonfinite_loss_total{{{JOB}}}{RI}))", "non-finite"), width=12, height=6,
         ),
-        12,
-        6,
-    )
-    lay.add(
-        timeseries(
+        timeseries_panel(
             "Resumed from step",
-            "The checkpoint step each attempt resumed from (0: a fresh start).",
-            [(f"max by (attempt) (trainer_resumed_from_step{{{JOB}}})", "attempt {{attempt}}")],
+            "The checkpoint step the running attempt resumed from (-1: a fresh start); it moves when a gang"
+            " restart resumes from a newer checkpoint.",
             "none",
+            (f"max(trainer_resumed_from_step{{{JOB}}})", "resumed from"),
+            width=12,
+            height=6,
         ),
-        12,
-        6,
-    )
+    ]
 
-    lay.row("Throughput and step time")
-    lay.add(
-        timeseries(
-            "Throughput",
-            "Samples and tokens per second, whole job (every rank reports the job-wide counters).",
-            [
-                (f"max(rate(trainer_samples_total{{{JOB}}}{RI}))", "samples/s"),
-                (f"max(rate(trainer_tokens_total{{{JOB}}}{RI}))", "tokens/s"),
-            ],
+
+def throughput_section() -> Section:
+    step_buckets = f"rate(trainer_step_duration_seconds_bucket{{{RANK}}}{RI})"
+    mean_step = (
+        f"sum(rate(trainer_step_duration_seconds_sum{{{RANK}}}{RI}))"
+        f" / sum(rate(trainer_step_duration_seconds_count{{{RANK}}}{RI}))"
+    )
+    data_wait_share = (
+        f'sum by (rank) (rate(trainer_step_phase_seconds_total{{{RANK}, phase="data_wait"}}{RI}))'
+        f" / sum by (rank) (rate(trainer_step_phase_seconds_total{{{RANK}}}{RI}))"
+    )
+    return "Throughput and step time", [
+        timeseries_panel(
+            "Throughput", "Samples and tokens per second, whole job (every rank reports the job-wide counters).",
             "short",
+            (f"max(rate(trainer_samples_total{{{JOB}}}{RI}))", "samples/s"),
+            (f"max(rate(trainer_tokens_total{{{JOB}}}{RI}))", "tokens/s"),
+            width=8,
         ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Model TFLOP/s",
-            "Model FLOPs per second of the whole job.",
-            [(f"max(rate(trainer_model_flops_total{{{JOB}}}{RI})) / 1e12", "TFLOP/s")],
-            "none",
+        timeseries_panel(
+            "Model TFLOP/s", "Model FLOPs per second of the whole job.", "none",
+            (f"max(rate(trainer_model_flops_total{{{JOB}}}{RI})) / 1e12", "TFLOP/s"), width=4,
         ),
-        4,
-        8,
-    )
-    lay.add(
-        timeseries(
+        timeseries_panel(
             "MFU",
             "Model FLOPs utilisation against the GPUs' peak (reported when the task counts FLOPs on a known GPU).",
-            [(f"max(trainer_mfu_ratio{{{JOB}}})", "MFU")],
             "percentunit",
-            defaults={"min": 0, "max": 1},
+            (f"max(trainer_mfu_ratio{{{JOB}}})", "MFU"),
+            width=4,
+        ).min(0).max(1),
+        timeseries_panel(
+            "Step duration", "Step time quantiles from the histogram, whole job.", "s",
+            (f"histogram_quantile(0.5, sum by (le) ({step_buckets}))", "p50"),
+            (f"histogram_quantile(0.95, sum by (le) ({step_buckets}))", "p95"),
+            (mean_step, "mean"),
+            width=8,
         ),
-        4,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Step duration",
-            "Step time quantiles from the histogram, whole job.",
-            [
-                (
-                    f"histogram_quantile(0.5, sum by (le) (rate(trainer_step_duration_seconds_bucket{{{RANK}}}{RI})))",
-                    "p50",
-                ),
-                (
-                    f"histogram_quantile(0.95, sum by (le) (rate(trainer_step_duration_seconds_bucket{{{RANK}}}{RI})))",
-                    "p95",
-                ),
-                (
-                    f"sum(rate(trainer_step_duration_seconds_sum{{{RANK}}}{RI}))"
-                    f" / sum(rate(trainer_step_duration_seconds_count{{{RANK}}}{RI}))",
-                    "mean",
-                ),
-            ],
-            "s",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Step-time breakdown",
-            "Seconds per second spent in each phase of the step, all ranks.",
-            [(f"sum by (phase) (rate(trainer_step_phase_seconds_total{{{RANK}}}{RI}))", "{{phase}}")],
-            "s",
-            defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}},
-        ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
+        stacked(timeseries_panel(
+            "Step-time breakdown", "Seconds per second spent in each phase of the step, all ranks.", "s",
+            (f"sum by (phase) (rate(trainer_step_phase_seconds_total{{{RANK}}}{RI}))", "{{phase}}"), width=12,
+        )),
+        timeseries_panel(
             "Data-wait share",
             "Share of step time waiting for the data loader, per rank"
             " (the DataLoaderBound alert fires above 30% by default).",
-            [
-                (
-                    f'sum by (rank) (rate(trainer_step_phase_seconds_total{{{RANK}, phase="data_wait"}}'
-                    f"{RI})) / sum by (rank) (rate(trainer_step_phase_seconds_total{{{RANK}}}"
-                    f"{RI}))",
-                    "rank {{rank}}",
-                )
-            ],
             "percentunit",
-            defaults={"min": 0, "max": 1},
-        ),
-        12,
-        8,
-    )
+            (data_wait_share, "rank {{rank}}"),
+            width=12,
+        ).min(0).max(1),
+    ]
 
-    lay.row("GPUs (trainer NVML metrics, or DCGM exporter when present)")
-    lay.add(
-        timeseries(
+
+def gpu_section() -> Section:
+    memory_share = (
+        f"max by (pod) (trainer_gpu_memory_used_bytes{{{RANK}}} / (trainer_gpu_memory_total_bytes{{{RANK}}} > 0))"
+        f" or max by (pod) (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}}"
+        f" / (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}} + DCGM_FI_DEV_FB_FREE{{{DCGM_POD}}}))"
+    )
+    return "GPUs (trainer NVML metrics, or DCGM exporter when present)", [
+        timeseries_panel(
             "GPU utilisation",
             "Mean GPU busy fraction per pod: the trainer's NVML reading, else DCGM's; and DCGM's graphics-engine"
             " activity where the exporter runs.",
-            [
-                (
-                    f"avg by (pod) (trainer_gpu_utilization_ratio{{{RANK}}})"
-                    f" or avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{{DCGM_POD}}}) / 100",
-                    "{{pod}}",
-                ),
-                (
-                    f"avg by (pod) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{DCGM_POD}}})",
-                    "{{pod}} engine active (DCGM)",
-                ),
-            ],
             "percentunit",
-            defaults={"min": 0, "max": 1},
+            (
+                f"avg by (pod) (trainer_gpu_utilization_ratio{{{RANK}}})"
+                f" or avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{{DCGM_POD}}}) / 100",
+                "{{pod}}",
+            ),
+            (f"avg by (pod) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{DCGM_POD}}})", "{{pod}} engine active (DCGM)"),
+            width=12,
+        ).min(0).max(1),
+        timeseries_panel(
+            "GPU memory used", "Device memory in use on the fullest GPU of each pod (NVML, else DCGM).", "bytes",
+            (
+                f"max by (pod) (trainer_gpu_memory_used_bytes{{{RANK}}})"
+                f" or max by (pod) (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}}) * 1048576",
+                "{{pod}}",
+            ),
+            width=12,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "GPU memory used",
-            "Device memory in use on the fullest GPU of each pod (NVML, else DCGM).",
-            [
-                (
-                    f"max by (pod) (trainer_gpu_memory_used_bytes{{{RANK}}})"
-                    f" or max by (pod) (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}}) * 1048576",
-                    "{{pod}}",
-                )
-            ],
-            "bytes",
+        timeseries_panel(
+            "GPU power", "Board power draw of all GPUs of each pod (NVML, else DCGM).", "watt",
+            (
+                f"sum by (pod) (trainer_gpu_power_watts{{{RANK}}})"
+                f" or sum by (pod) (DCGM_FI_DEV_POWER_USAGE{{{DCGM_POD}}})",
+                "{{pod}}",
+            ),
+            width=8,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "GPU power",
-            "Board power draw of all GPUs of each pod (NVML, else DCGM).",
-            [
-                (
-                    f"sum by (pod) (trainer_gpu_power_watts{{{RANK}}})"
-                    f" or sum by (pod) (DCGM_FI_DEV_POWER_USAGE{{{DCGM_POD}}})",
-                    "{{pod}}",
-                )
-            ],
-            "watt",
+        timeseries_panel(
+            "GPU temperature", "Hottest GPU of each pod (NVML, else DCGM).", "celsius",
+            (
+                f"max by (pod) (trainer_gpu_temperature_celsius{{{RANK}}})"
+                f" or max by (pod) (DCGM_FI_DEV_GPU_TEMP{{{DCGM_POD}}})",
+                "{{pod}}",
+            ),
+            width=8,
         ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "GPU temperature",
-            "Hottest GPU of each pod (NVML, else DCGM).",
-            [
-                (
-                    f"max by (pod) (trainer_gpu_temperature_celsius{{{RANK}}})"
-                    f" or max by (pod) (DCGM_FI_DEV_GPU_TEMP{{{DCGM_POD}}})",
-                    "{{pod}}",
-                )
-            ],
-            "celsius",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "GPU memory share",
-            "Used share of device memory on the fullest GPU of each pod (NVML, else DCGM).",
-            [
-                (
-                    f"max by (pod) (trainer_gpu_memory_used_bytes{{{RANK}}}"
-                    f" / (trainer_gpu_memory_total_bytes{{{RANK}}} > 0))"
-                    f" or max by (pod) (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}}"
-                    f" / (DCGM_FI_DEV_FB_USED{{{DCGM_POD}}} + DCGM_FI_DEV_FB_FREE{{{DCGM_POD}}}))",
-                    "{{pod}}",
-                )
-            ],
-            "percentunit",
-            defaults={"min": 0, "max": 1},
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "PyTorch allocator",
-            "CUDA caching allocator per rank: allocated, reserved and peak.",
-            [
-                (f"trainer_gpu_allocator_allocated_bytes{{{RANK}}}", "allocated, rank {{rank}}"),
-                (f"trainer_gpu_allocator_reserved_bytes{{{RANK}}}", "reserved, rank {{rank}}"),
-                (f"trainer_gpu_allocator_peak_bytes{{{RANK}}}", "peak, rank {{rank}}"),
-            ],
-            "bytes",
-        ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Allocator retries and OOMs",
-            "cudaMalloc retries (memory pressure) and out-of-memory errors per interval.",
-            [
-                (f"sum(increase(trainer_gpu_alloc_retries_total{{{RANK}}}{RI}))", "retries"),
-                (f"sum(increase(trainer_gpu_ooms_total{{{RANK}}}{RI}))", "OOMs"),
-            ],
-            "none",
-        ),
-        12,
-        8,
-    )
-
-    lay.row("Restarts and checkpoints")
-    lay.add(
-        timeseries(
-            "Attempts",
-            "World size reported per attempt: a new line is a gang restart.",
-            [(f"max by (attempt) (trainer_world_size{{{JOB}}})", "attempt {{attempt}}")],
-            "none",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Last checkpoint step",
-            "Step of the newest checkpoint written.",
-            [(f"max(trainer_checkpoint_last_step{{{JOB}}})", "checkpoint step")],
-            "none",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Checkpoint duration",
-            "Mean checkpoint save time per rank over the last hour (from the histogram).",
-            [
-                (
-                    f"sum by (rank) (increase(trainer_checkpoint_duration_seconds_sum{{{RANK}}}[1h]))"
-                    f" / sum by (rank) (increase(trainer_checkpoint_duration_seconds_count{{{RANK}}}[1h]))",
-                    "rank {{rank}}",
-                )
-            ],
-            "s",
-        ),
-        8,
-        8,
-    )
-
-    variables = [
-        _datasource_variable(),
-        _query_variable("namespace", "Namespace", "label_values(trainer_world_size, namespace)"),
-        _query_variable(
-            "job", "Training job", 'label_values(trainer_world_size{namespace="$namespace"}, training_job)'
-        ),
-        _query_variable("rank", "Rank", f"label_values(trainer_world_size{{{JOB}}}, rank)", multi=True),
+        timeseries_panel(
+            "GPU memory share", "Used share of device memory on the fullest GPU of each pod (NVML, else DCGM).",
+            "percentunit", (memory_share, "{{pod}}"), width=8,
+        ).min(0).max(1),
+        *allocator_panels(),
     ]
-    return _dashboard(
+
+
+def allocator_panels() -> list[timeseries.Panel]:
+    return [
+        timeseries_panel(
+            "PyTorch allocator", "CUDA caching allocator per rank: allocated, reserved and peak.", "bytes",
+            (f"trainer_gpu_allocator_allocated_bytes{{{RANK}}}", "allocated, rank {{rank}}"),
+            (f"trainer_gpu_allocator_reserved_bytes{{{RANK}}}", "reserved, rank {{rank}}"),
+            (f"trainer_gpu_allocator_peak_bytes{{{RANK}}}", "peak, rank {{rank}}"),
+            width=12,
+        ),
+        timeseries_panel(
+            "Allocator retries and OOMs", "cudaMalloc retries (memory pressure) and out-of-memory errors per interval.",
+            "none",
+            (f"sum(increase(trainer_gpu_alloc_retries_total{{{RANK}}}{RI}))", "retries"),
+            (f"sum(increase(trainer_gpu_ooms_total{{{RANK}}}{RI}))", "OOMs"),
+            width=12,
+        ),
+    ]
+
+
+def restarts_section() -> Section:
+    checkpoint_mean = (
+        f"sum by (rank) (increase(trainer_checkpoint_duration_seconds_sum{{{RANK}}}[1h]))"
+        f" / sum by (rank) (increase(trainer_checkpoint_duration_seconds_count{{{RANK}}}[1h]))"
+    )
+    return "Restarts and checkpoints", [
+        timeseries_panel(
+            "World size",
+            "Processes in the job, as its ranks report it (a change: an elastic resize, or a restart at another"
+            " size).",
+            "none",
+            (f"max(trainer_world_size{{{JOB}}})", "world size"),
+            width=8,
+        ),
+        timeseries_panel(
+            "Last checkpoint step", "Step of the newest checkpoint written.", "none",
+            (f"max(trainer_checkpoint_last_step{{{JOB}}})", "checkpoint step"), width=8,
+        ),
+        timeseries_panel(
+            "Checkpoint duration", "Mean checkpoint save time per rank over the last hour (from the histogram).", "s",
+            (checkpoint_mean, "rank {{rank}}"), width=8,
+        ),
+    ]
+
+
+def build_training_job() -> model.Dashboard:
+    board = new_dashboard(
         "kubetrain-training-job",
         "kubetrain / Training job",
         "One TrainingJob: progress, optimisation, throughput, step time, GPUs, restarts and checkpoints.",
-        variables,
-        lay,
     )
+    board.variables([
+        datasource_variable(),
+        query_variable("namespace", "Namespace", "label_values(trainer_world_size, namespace)"),
+        query_variable("job", "Training job", 'label_values(trainer_world_size{namespace="$namespace"}, training_job)'),
+        query_variable("rank", "Rank", f"label_values(trainer_world_size{{{JOB}}}, rank)", multi=True),
+    ])
+    sections = [status_section(), optimisation_section(), throughput_section(), gpu_section(), restarts_section()]
+    return with_sections(board, sections)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Operator
 
 
-def build_operator() -> dict[str, Any]:
-    lay = _Layout()
-    lay.row("Jobs")
-    lay.add(
-        timeseries(
-            "Jobs by phase",
-            "TrainingJobs the operator manages, by phase.",
-            [("sum by (phase) (kubetrain_jobs)", "{{phase}}")],
-            "none",
-            defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}},
+def operator_jobs_section() -> Section:
+    time_to_running = "histogram_quantile({}, sum by (le) (rate(kubetrain_time_to_running_seconds_bucket{})))"
+    return "Jobs", [
+        stacked(timeseries_panel(
+            "Jobs by phase", "TrainingJobs the operator manages, by phase.", "none",
+            ("sum by (phase) (kubetrain_jobs)", "{{phase}}"), width=12,
+        )),
+        timeseries_panel(
+            "Time to running", "From creation to all pods running: quantiles over the interval.", "s",
+            (time_to_running.format("0.5", RI), "p50"),
+            (time_to_running.format("0.9", RI), "p90"),
+            width=12,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Time to running",
-            "From creation to all pods running: quantiles over the interval.",
-            [
-                (
-                    f"histogram_quantile(0.5, sum by (le) (rate(kubetrain_time_to_running_seconds_bucket{RI})))",
-                    "p50",
-                ),
-                (
-                    f"histogram_quantile(0.9, sum by (le) (rate(kubetrain_time_to_running_seconds_bucket{RI})))",
-                    "p90",
-                ),
-            ],
-            "s",
+        timeseries_panel(
+            "Pod creations", "Trainer pods created per second.", "ops",
+            (f"sum(rate(kubetrain_pod_creations_total{RI}))", "pods/s"), width=12,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Pod creations",
-            "Trainer pods created per second.",
-            [(f"sum(rate(kubetrain_pod_creations_total{RI}))", "pods/s")],
-            "ops",
+        timeseries_panel(
+            "Restarts by reason", "Gang restarts per interval, by reason.", "none",
+            (f"sum by (reason) (increase(kubetrain_restarts_total{RI}))", "{{reason}}"), width=12,
         ),
-        12,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Restarts by reason",
-            "Gang restarts per interval, by reason.",
-            [(f"sum by (reason) (increase(kubetrain_restarts_total{RI}))", "{{reason}}")],
-            "none",
-        ),
-        12,
-        8,
-    )
+    ]
 
-    lay.row("Reconciliation")
-    lay.add(
-        timeseries(
-            "Reconcile rate",
-            "Handler invocations per second.",
-            [(f"sum by (handler) (rate(kubetrain_reconcile_duration_seconds_count{RI}))", "{{handler}}")],
-            "ops",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Reconcile latency",
-            "p50 and p99 handler latency.",
-            [
-                (
-                    "histogram_quantile(0.5, sum by (le, handler) (rate("
-                    f"kubetrain_reconcile_duration_seconds_bucket{RI})))",
-                    "p50 {{handler}}",
-                ),
-                (
-                    "histogram_quantile(0.99, sum by (le, handler) (rate("
-                    f"kubetrain_reconcile_duration_seconds_bucket{RI})))",
-                    "p99 {{handler}}",
-                ),
-            ],
-            "s",
-        ),
-        8,
-        8,
-    )
-    lay.add(
-        timeseries(
-            "Reconcile errors",
-            "Handler errors per second (kopf retries them with backoff).",
-            [(f"sum by (handler) (rate(kubetrain_reconcile_errors_total{RI}))", "{{handler}}")],
-            "ops",
-        ),
-        8,
-        8,
-    )
 
-    return _dashboard(
+def operator_reconcile_section() -> Section:
+    latency = "histogram_quantile({}, sum by (le, handler) (rate(kubetrain_reconcile_duration_seconds_bucket{})))"
+    return "Reconciliation", [
+        timeseries_panel(
+            "Reconcile rate", "Handler invocations per second.", "ops",
+            (f"sum by (handler) (rate(kubetrain_reconcile_duration_seconds_count{RI}))", "{{handler}}"), width=8,
+        ),
+        timeseries_panel(
+            "Reconcile latency", "p50 and p99 handler latency.", "s",
+            (latency.format("0.5", RI), "p50 {{handler}}"),
+            (latency.format("0.99", RI), "p99 {{handler}}"),
+            width=8,
+        ),
+        timeseries_panel(
+            "Reconcile errors", "Handler errors per second (kopf retries them with backoff).", "ops",
+            (f"sum by (handler) (rate(kubetrain_reconcile_errors_total{RI}))", "{{handler}}"), width=8,
+        ),
+    ]
+
+
+def build_operator() -> model.Dashboard:
+    board = new_dashboard(
         "kubetrain-operator",
         "kubetrain / Operator",
         "The kubetrain operator: jobs by phase, time to running, restarts, and reconcile rate, latency and errors.",
-        [_datasource_variable()],
-        lay,
     )
+    board.variables([datasource_variable()])
+    return with_sections(board, [operator_jobs_section(), operator_reconcile_section()])
 
 
-DASHBOARDS = {"training-job.json": build_training_job, "operator.json": build_operator}
+DASHBOARDS: dict[str, Callable[[], model.Dashboard]] = {
+    "training-job.json": build_training_job,
+    "operator.json": build_operator,
+}
 
 
-def render(build: Any) -> str:
+def render(build: Callable[[], model.Dashboard]) -> str:
     """Serialise a dashboard the way it is committed (stable key order, two-space indent)."""
-    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+    return json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
 def main() -> None:
