@@ -180,3 +180,51 @@ def test_killed_worker_resumes_from_its_checkpoint(platform: Platform) -> None:
     assert status["progress"]["percent"] == 100
     restarts = platform.prometheus.query('kubetrain_restarts_total{reason="PodFailed"}')
     assert restarts and float(restarts[0]["value"][1]) >= 1
+
+
+# A user's own program (spec.command) that reports with kubetrain_trainer.report: 120 steps, 0.25 s each.
+REPORTING_PROGRAM = (
+    "import time\n"
+    "from kubetrain_trainer import report\n"
+    "for step in range(1, 121):\n"
+    "    time.sleep(0.25)\n"
+    "    report(step=step, total_steps=120, loss=3.0 / step, samples=32, epoch=step // 40)\n"
+)
+# Panels a reporting program must fill: every one whose series report() serves (see UNREPORTED).
+USER_PROGRAM_PANELS = {"Progress", "Step", "Epoch", "ETA", "Last step", "Loss", "Throughput", "Step duration"}
+
+
+def _families(query: str) -> set[str]:
+    """The metric families a query reads (histogram and counter suffixes removed)."""
+    names = re.findall(r"\btrainer_[a-z_]+", query)
+    return {re.sub(r"_(bucket|count|sum|total)$", "", name) for name in names}
+
+
+def _panels_a_reporting_program_fills() -> set[str]:
+    from kubetrain_trainer.reporting import UNREPORTED
+
+    dashboard = json.loads((CHART / "dashboards" / "training-job.json").read_text())
+    filled = set()
+    for panel in dashboard["panels"]:
+        for query in (t["expr"] for t in panel.get("targets", []) if t.get("expr")):
+            families = _families(query)
+            if families and not families & UNREPORTED and not GPU_METRICS.search(query):
+                filled.add(panel["title"])  # _panels_without_data: one query with data fills a panel
+    return filled
+
+
+def test_a_user_programs_job_fills_the_dashboard(platform: Platform) -> None:
+    jobs = Jobs(platform.lab, JOURNEY)
+    jobs.create("mine", {
+        "nodes": 1, "procsPerNode": 1, "command": ["python", "-c", REPORTING_PROGRAM],
+        "resources": {"cpu": "100m", "memory": "512Mi", "sharedMemory": "64Mi"},
+    })
+    jobs.wait("mine", lambda s: s.get("progress", {}).get("step", 0) >= 60, "step 60 reported", timeout=180)
+    # Rates need two scrapes in their window: wait for three.
+    platform.prometheus.wait_for('count_over_time(trainer_step{training_job="mine"}[1m]) >= 3', timeout=60)
+    expected = _panels_a_reporting_program_fills()
+    assert expected >= USER_PROGRAM_PANELS, f"report() no longer serves what these panels read: {expected}"
+    missing = {title.split(": ", 1)[1] for title in _panels_without_data(platform.prometheus, JOURNEY, "mine")
+               if title.startswith("training-job: ")}
+    assert not missing & expected, f"panels a reporting program should fill, without data: {missing & expected}"
+    assert jobs.wait_phase("mine", "Succeeded", timeout=120)["progress"]["step"] == 120
