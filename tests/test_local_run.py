@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,41 @@ def test_run_of_a_silent_program_says_it_reported_no_progress(tmp_path: Path) ->
 def test_the_user_script_example_is_a_valid_job() -> None:
     example = yaml.safe_load((REPO / "examples" / "user-script" / "trainingjob.yaml").read_text())
     assert parse(example).spec.command == ("python", "examples/user-script/train.py")
+
+
+# A worker whose checkpoint after SIGTERM takes 45 s: longer than torchrun's own 30 s before SIGKILL.
+SLOW_CHECKPOINT_ON_SIGTERM = """\
+import os, pathlib, signal, time
+done = pathlib.Path(os.environ["KUBETRAIN_CHECKPOINT_DIR"])
+def checkpoint(*_):
+    time.sleep(45)
+    (done / "checkpoint-after-sigterm").write_text("written")
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, checkpoint)
+(done / "started").write_text("")
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_after_sigterm_gets_the_jobs_grace_period_not_torchruns_30_s(tmp_path: Path) -> None:
+    """Ctrl-C of `kubetrain run` is a pod's SIGTERM: torchrun forwards it and waits the job's
+    terminationGracePeriodSeconds (here 120) before SIGKILL, so a 45 s checkpoint completes."""
+    spec = job(["python", "-c", SLOW_CHECKPOINT_ON_SIGTERM])
+    spec["spec"]["runPolicy"] = {"terminationGracePeriodSeconds": 120}  # type: ignore[index]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    checkpoints = tmp_path / "work" / "mine" / "checkpoints"
+    run = subprocess.Popen([str(VENV_BIN / "kubetrain"), "run", "job.yaml", "--workdir", str(tmp_path / "work")],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (checkpoints / "started").exists():
+            assert run.poll() is None and time.monotonic() < deadline, "the program never started"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGINT)  # Ctrl-C
+        output, _ = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert (checkpoints / "checkpoint-after-sigterm").read_text() == "written", output
+    assert "stopping: the trainer writes a checkpoint first" in output

@@ -96,6 +96,7 @@ class ENV:
     RDZV_CONF: Final = "PET_RDZV_CONF"
     MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
     TEE: Final = "PET_TEE"
+    SHUTDOWN_TIMEOUT: Final = "PET_SHUTDOWN_TIMEOUT"
     LOG_LINE_PREFIX: Final = "PET_LOG_LINE_PREFIX_TEMPLATE"
     # kubetrain's own contract with the trainer image.
     CONFIG: Final = "KUBETRAIN_CONFIG"  # JSON: {"trainer": ..., "data": ..., "checkpoint": ...}

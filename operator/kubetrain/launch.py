@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from kubetrain import api
 from kubetrain.spec import TrainingJob, thaw
 
-__all__ = ["Placement", "launch_env", "program_args", "rendezvous_id"]
+__all__ = ["Placement", "launch_env", "program_args", "rendezvous_id", "worker_shutdown_seconds"]
+
+# Seconds torchrun keeps for itself between its workers' deadline and the pod's: it reports and exits in time.
+AGENT_EXIT_SECONDS = 2
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,14 @@ def program_args(job: TrainingJob) -> list[str]:
     return ["--no-python", *job.spec.command, *job.spec.args]
 
 
+def worker_shutdown_seconds(job: TrainingJob) -> int:
+    """How long torchrun lets its workers finish after SIGTERM (to write a checkpoint) before SIGKILL.
+
+    torchrun's own default is 30 s whatever the pod's grace period; the job's grace period is the real bound.
+    """
+    return max(1, job.spec.run_policy.termination_grace_period_seconds - AGENT_EXIT_SECONDS)
+
+
 def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement) -> dict[str, str]:
     """The variables every agent of node ``index`` gets (the user's own env comes after, from the caller)."""
     spec = job.spec
@@ -52,6 +63,7 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         # Agents wait this long for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
         api.ENV.RDZV_CONF: f"join_timeout={spec.failure_policy.rendezvous_timeout_seconds}",
         api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.SHUTDOWN_TIMEOUT: str(worker_shutdown_seconds(job)),
         api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below
         api.ENV.LOG_LINE_PREFIX: api.LOG_LINE_PREFIX,
         api.ENV.NO_SHARED_STORE: "1",

@@ -34,10 +34,6 @@ from kubetrain.status import Progress as TrainingProgress
 
 __all__ = ["LocalRun", "plan_local_run", "run_local"]
 
-# Seconds the agents get to write a checkpoint after Ctrl-C, as a pod gets after SIGTERM.
-GRACE_SECONDS = 30
-
-
 @dataclass(frozen=True)
 class LocalRun:
     """The commands and environments of one local run (pure data, for tests and --dry-run)."""
@@ -96,11 +92,12 @@ def _scrape(port: int) -> TrainingProgress | None:
         return None  # not serving yet, or finished
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+def _stop(processes: list[subprocess.Popen[bytes]], grace_seconds: int) -> None:
+    """SIGTERM every agent (and its workers), SIGKILL what is left after the job's grace period, as a pod."""
     for process in processes:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
+    deadline = time.monotonic() + grace_seconds
     for process in processes:
         try:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -132,7 +129,7 @@ def run_local(job: TrainingJob, workdir: Path, console: Console) -> int:
     except KeyboardInterrupt:
         console.print("stopping: the trainer writes a checkpoint first (run again to resume)")
     finally:
-        _stop(processes)
+        _stop(processes, spec.run_policy.termination_grace_period_seconds)
     codes = [p.returncode for p in processes]
     failed = next((code for code in codes if code != 0), 0)
     report = _final_report(plan.log_dir)
