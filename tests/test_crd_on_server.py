@@ -102,3 +102,47 @@ def test_printer_columns_and_short_name(lab: Lab, crd: Path) -> None:
     assert all("conditions" not in c["jsonPath"] for c in document["spec"]["versions"][0]["additionalPrinterColumns"])
     resources = lab.kubectl("api-resources", "--api-group=kubetrain.io").stdout
     assert "tj" in resources and "TrainingJob" in resources
+
+
+def _apply(lab: Lab, namespace: str, job: Json, *flags: str) -> str:
+    """What a user sees: `kubectl apply` of ``job``; its output, raising when it succeeds."""
+    result = lab.kubectl("apply", "-n", namespace, *flags, "-f", "-", stdin=json.dumps(job), check=False)
+    assert result.returncode != 0, f"kubectl apply accepted it: {result.stdout}"
+    return result.stderr
+
+
+def _with_volume(volume: Json) -> Json:
+    job = base_job()
+    job["spec"]["volumes"] = [volume]
+    return job
+
+
+@pytest.mark.usefixtures("crd")
+def test_kubectl_apply_refuses_a_typo_inside_a_volume(lab: Lab, namespace: str) -> None:
+    # kubectl apply asks for strict field validation: the unknown field is an error, not a silent prune.
+    volume = {"name": "scratch", "persistentVolumeClaim": {"claimNam": "scratch"}}
+    output = _apply(lab, namespace, _with_volume(volume))
+    assert 'strict decoding error: unknown field "spec.volumes[0].persistentVolumeClaim.claimNam"' in output, output
+
+
+@pytest.mark.usefixtures("crd")
+def test_kubectl_apply_refuses_a_wrong_type_inside_a_volume(lab: Lab, namespace: str) -> None:
+    output = _apply(lab, namespace, _with_volume({"name": "host", "hostPath": {"path": 3}}))
+    assert "spec.volumes[0].hostPath.path in body must be of type string" in output, output
+
+
+@pytest.mark.usefixtures("crd")
+def test_without_strict_validation_unknown_volume_fields_are_pruned(lab: Lab, namespace: str) -> None:
+    # Clients that do not ask for strict validation get the typo dropped, never stored and passed to a pod.
+    volume = {"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch", "claimNam": "other"}}
+    created = lab.api.request("POST", f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs",
+                              _with_volume(volume), params={"fieldValidation": "Ignore"})
+    assert created["spec"]["volumes"] == [{"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch"}}]
+
+
+@pytest.mark.usefixtures("crd")
+def test_client_side_apply_of_the_crd_fits_the_annotation_limit(lab: Lab, crd: Path) -> None:
+    # Client-side apply stores the whole CRD in an annotation (256 KiB at most); the README still says
+    # --server-side, but a plain `kubectl apply -f crds/` must keep working.
+    lab.kubectl("apply", "--dry-run=server", "-f", str(crd))
+    assert len(json.dumps(yaml.safe_load(crd.read_text()), separators=(",", ":"))) < 200 * 1024

@@ -51,6 +51,9 @@ def _rows(schema: Mapping[str, Json], path: str, required: set[str]) -> Iterator
         mark = " (required)" if name in required else ""
         yield (f"| `{field}`{mark} | {_type(child)} | {default} | {_allowed(child)} | {description} |")
         nested = child.get("items", child) if child.get("type") == "array" else child
+        # Embedded Kubernetes types are documented by Kubernetes (`kubectl explain pod.spec.volumes`).
+        if "core/v1" in description:
+            continue
         if nested.get("properties") and not nested.get("x-kubernetes-preserve-unknown-fields"):
             suffix = "[]" if child.get("type") == "array" else ""
             yield from _rows(nested, field + suffix, set(nested.get("required", [])))
@@ -72,6 +75,8 @@ def render_reference() -> str:
         *(f"- {rule['message']}" for rule in spec.get("x-kubernetes-validations", [])),
         "- Fields that shape the pods cannot change while the job is active (suspend it first); `nodes` of an"
         " elastic job can.",
+        "- Fields of an embedded core/v1 type are Kubernetes' own, checked against its schema at `kubectl apply`"
+        " (`kubectl explain pod.spec.volumes`, `pod.spec.affinity`, `pod.spec.containers.env.valueFrom`).",
         "",
         "## spec",
         "",
