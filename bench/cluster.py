@@ -46,7 +46,7 @@ class Cluster:
 
     def start(self) -> None:
         from tests.lab.lab import LAB_HOME, Lab
-        from tests.operator_fixtures import OperatorProcess, install_identity
+        from tests.operator_fixtures import OperatorProcess, install_identity, wait_crd_established
 
         _prune_old_run_dirs(LAB_HOME)
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -56,7 +56,7 @@ class Cluster:
         lab.start()  # stops what it started if it fails
         self.lab = lab
         self.lab.kubectl("apply", "--server-side", "-f", str(CRD))
-        self.lab.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+        wait_crd_established(self.lab)
         _, kubeconfig = install_identity(self.lab)
         self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",))
         self.operator.start()

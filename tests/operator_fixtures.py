@@ -99,8 +99,17 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def crd(lab: Lab) -> Path:
     lab.kubectl("apply", "--server-side", "-f", str(CRD))
-    lab.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+    wait_crd_established(lab)
     return CRD
+
+
+def wait_crd_established(lab: Lab, timeout: float = 60) -> None:
+    """Polled, not `kubectl wait`: right after a create, that fails at once on a CRD without conditions yet."""
+    def established() -> bool:
+        crd = lab.api.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.kubetrain.io")
+        conditions = crd.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+    wait_for(established, timeout, "the TrainingJob CRD to be established", interval=0.2)
 
 
 def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:

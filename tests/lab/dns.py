@@ -1,6 +1,8 @@
 """Cluster DNS for the lab's pods, answered straight from the API (as CoreDNS's kubernetes plugin does).
 
 Reading the API on every query keeps names fresh: a pod's name resolves as soon as its IP is in its status.
+While the API server cannot answer (a restart), names resolve to their last answer, as CoreDNS answers from
+its informer cache through an API server outage; a name never seen gets SERVFAIL.
 Names outside ``cluster.local`` get NXDOMAIN at once: the lab never forwards anywhere.
 """
 
@@ -47,6 +49,7 @@ def _endpoint_pods(service: JSON, pods: list[JSON]) -> list[JSON]:
 class ClusterResolver(BaseResolver):  # type: ignore[misc]
     def __init__(self, api: Rest) -> None:
         self.api = api
+        self._last_answers: dict[tuple[str, bool], list[str] | None] = {}
         # Clients behind kube-proxy (a real node's pods) get a Service's ClusterIP, as from CoreDNS.
         self.proxied_clients: list[ipaddress.IPv4Network] = []
 
@@ -54,8 +57,19 @@ class ClusterResolver(BaseResolver):  # type: ignore[misc]
         return client is not None and any(ipaddress.ip_address(client) in net for net in self.proxied_clients)
 
     def lookup(self, name: str, client: str | None = None) -> list[str] | None:
-        """IPv4 addresses for a cluster name, or None when the name does not exist."""
-        name = name.rstrip(".").lower()
+        """IPv4 addresses for a cluster name, or None when the name does not exist; the last answer while
+        the API server is away."""
+        key = (name.rstrip(".").lower(), self._proxied(client))
+        try:
+            answer = self._lookup(key[0], client)
+        except Exception:
+            if key not in self._last_answers:
+                raise
+            return self._last_answers[key]
+        self._last_answers[key] = answer
+        return answer
+
+    def _lookup(self, name: str, client: str | None) -> list[str] | None:
         if not name.endswith("." + ZONE):
             return None
         labels = name[: -len(ZONE) - 1].split(".")
