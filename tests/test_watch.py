@@ -117,7 +117,10 @@ def test_watch_gives_up_with_3_when_its_timeout_passes_first(
 @pytest.mark.usefixtures("operator")
 def test_watch_survives_an_api_server_restart_and_exits_0_when_the_job_succeeds(
         lab: Lab, jobs: Jobs, tmp_path: Path) -> None:
-    jobs.create("long", {"nodes": 1, "procsPerNode": 1, "command": ["python", "-c", "import time; time.sleep(45)"],
+    # The worker runs only once torchrun's rendezvous resolved `long-0.long`: restarting the API server before
+    # that would test the lab's DNS (a name never looked up cannot be answered while the API server is away).
+    worker = "import time; print('worker started', flush=True); time.sleep(30)"
+    jobs.create("long", {"nodes": 1, "procsPerNode": 1, "command": ["python", "-c", worker],
                          "resources": {"cpu": "100m", "memory": "512Mi", "sharedMemory": "64Mi"},
                          "runPolicy": {"terminationGracePeriodSeconds": 5}})
     log = tmp_path / "watch.out"
@@ -128,6 +131,8 @@ def test_watch_survives_an_api_server_restart_and_exits_0_when_the_job_succeeds(
             stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: "long: Running" in log.read_text(), 120, "the watch to see the job running", interval=0.5)
+        pod_log = lab.pod_log(jobs.namespace, "long-0")
+        wait_for(lambda: pod_log.exists() and "worker started" in pod_log.read_text(), 120, "the worker to start")
         lab.restart_apiserver()
         code = watcher.wait(timeout=240)
     finally:
@@ -137,3 +142,4 @@ def test_watch_survives_an_api_server_restart_and_exits_0_when_the_job_succeeds(
     assert code == 0, output
     assert "reconnecting" in output
     assert "long: Succeeded" in output
+    assert jobs.status("long")["restarts"] == 0, jobs.status("long").get("failures")
