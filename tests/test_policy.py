@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -18,9 +19,10 @@ from kubetrain.policy import (
     while_retrying,
 )
 from kubetrain.spec import TrainingJob, parse
-from kubetrain.status import Progress
+from kubetrain.status import Progress, Scrape
 from tests.invalid_specs import base_job
 from tests.pods import pod, states
+from tests.status_schema import assert_valid_status
 
 NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
 Json = Any
@@ -37,6 +39,10 @@ def job(**spec: Json) -> TrainingJob:
 def running(**extra: Json) -> dict[str, Json]:
     return {"phase": "Running", "attempt": 0, "restarts": 0, "startTime": "2026-11-01T10:00:00Z",
             "runningTime": "2026-11-01T10:01:00Z", "nodes": {"desired": 2}} | extra
+
+
+KNOWN = {"type": "ProgressKnown", "status": "True", "reason": "MetricsScraped", "message": "",
+         "lastTransitionTime": "2026-11-01T10:01:00Z"}
 
 
 def reasons(decision: Decision) -> list[str]:
@@ -226,7 +232,9 @@ class TestGangRestart:
         assert decision.force_delete == ("valid-0",)
 
     def test_stall_restarts_and_sets_the_condition(self) -> None:
-        status = running(progress={"heartbeatTime": "2026-11-01T10:02:00Z", "step": 5})
+        # the last scrape (10:09:55) read a heartbeat of 10:02: seen stale
+        status = running(progress={"heartbeatTime": "2026-11-01T10:02:00Z", "step": 5,
+                                   "updatedAt": "2026-11-01T10:09:55Z"}, conditions=[KNOWN])
         decision = reconcile(job(failurePolicy={"stallTimeoutSeconds": 300}), status, states(pod(0), pod(1)), NOW)
         assert decision.status["phase"] == "Restarting"
         assert condition(decision, "Stalled")["status"] == "True"
@@ -432,3 +440,173 @@ class TestFailedReconcile:
         assert next(c for c in cleared["conditions"] if c["type"] == "ReconcileError")["status"] == "False"
         assert cleared["message"].startswith("waiting for 2 pod(s) to be scheduled")
         assert "ReconcileError" not in {c["type"] for c in recovered(job(), pending, NOW)["conditions"]}
+
+
+class TestProgressUnknown:
+    """Rank 0 that cannot be scraped is progress unknown, never a stall; a stall is a heartbeat seen stale."""
+
+    STALL: ClassVar[dict[str, int]] = {"stallTimeoutSeconds": 300}
+    REFUSED = Scrape(error="http://10.0.0.1:9400/metrics: ClientConnectorError: connection refused")
+
+    def test_a_failed_scrape_while_running_says_progress_is_unknown(self) -> None:
+        decision = reconcile(job(), running(conditions=[KNOWN]), states(pod(0), pod(1)), NOW, self.REFUSED)
+        known = condition(decision, "ProgressKnown")
+        assert known["status"] == "False" and known["reason"] == "ScrapeFailed"
+        assert "connection refused" in known["message"] and "not judged a stall" in known["message"]
+        assert reasons(decision) == ["ScrapeFailed"]  # once, when it was known before
+        again = reconcile(job(), decision.status, states(pod(0), pod(1)), NOW, self.REFUSED)
+        assert again.events == ()
+
+    def test_a_failed_scrape_while_pods_start_is_not_reported(self) -> None:
+        decision = reconcile(job(), running(phase="Starting"), states(pod(0), pod(1)), NOW, self.REFUSED)
+        assert "ProgressKnown" not in {c["type"] for c in decision.status.get("conditions", [])}
+
+    def test_a_successful_scrape_makes_progress_known_again(self) -> None:
+        unknown = reconcile(job(), running(), states(pod(0), pod(1)), NOW, self.REFUSED).status
+        decision = reconcile(job(), unknown, states(pod(0), pod(1)), NOW, Scrape(progress=Progress(step=3)))
+        assert condition(decision, "ProgressKnown")["status"] == "True"
+        assert decision.status["progress"]["step"] == 3
+
+    def test_rank_0_never_scraped_is_never_a_stall(self) -> None:
+        # the trainer has run for a month without one successful scrape (NetworkPolicy, port closed)
+        status = running(runningTime="2026-10-01T00:00:00Z")
+        decision = reconcile(job(failurePolicy=self.STALL), status, states(pod(0), pod(1)), NOW, self.REFUSED)
+        assert decision.status["phase"] == "Running" and decision.status["restarts"] == 0
+
+    def test_a_heartbeat_last_seen_fresh_is_not_a_stall_while_scrapes_fail(self) -> None:
+        # seen fresh at 10:01; since then rank 0 cannot be read: the heartbeat may well be moving
+        status = running(progress={"heartbeatTime": "2026-11-01T10:01:00Z", "updatedAt": "2026-11-01T10:01:00Z",
+                                   "step": 9}, conditions=[KNOWN])
+        decision = reconcile(job(failurePolicy=self.STALL), status, states(pod(0), pod(1)), NOW, self.REFUSED)
+        assert decision.status["phase"] == "Running"
+        assert condition(decision, "ProgressKnown")["status"] == "False"
+
+    def test_a_heartbeat_seen_stale_is_a_stall(self) -> None:
+        status = running(progress={"heartbeatTime": "2026-11-01T10:01:00Z", "updatedAt": "2026-11-01T10:01:00Z",
+                                   "step": 9}, conditions=[KNOWN])
+        seen = Progress(step=9, heartbeat=datetime(2026, 11, 1, 10, 1, tzinfo=UTC))
+        decision = reconcile(job(failurePolicy=self.STALL), status, states(pod(0), pod(1)), NOW, seen)
+        assert decision.status["phase"] == "Restarting" and reasons(decision) == ["NoHeartbeat"]
+
+    def test_a_trainer_that_answers_without_a_heartbeat_is_judged_from_its_start(self) -> None:
+        status = running(runningTime="2026-11-01T10:01:00Z", conditions=[KNOWN])
+        decision = reconcile(job(failurePolicy=self.STALL), status, states(pod(0), pod(1)), NOW, Progress(step=0))
+        assert decision.status["phase"] == "Restarting" and reasons(decision) == ["NoHeartbeat"]
+
+
+DISRUPTION_LIMIT = 30  # failurePolicy.disruptionLimit's default
+
+
+class TestRendezvousTimeout:
+    # The end of torchrun's traceback when its join_timeout passes (the kubelet keeps the log's tail).
+    TAIL = ("  File \".../c10d_rendezvous_backend.py\", line 180, in _create_tcp_store\n"
+            "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+
+    def test_a_gang_that_cannot_all_be_placed_fails_with_rendezvous_timeout(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=1, message=self.TAIL), pod(1, "Pending", scheduled=False))
+        decision = reconcile(job(failurePolicy={"rendezvousTimeoutSeconds": 120}), running(), pods, NOW)
+        assert decision.status["phase"] == "Failed" and decision.status["restarts"] == 0
+        failed = condition(decision, "Failed")
+        assert failed["reason"] == "RendezvousTimeout"
+        assert "rendezvousTimeoutSeconds=120" in failed["message"]
+        assert "valid-1 were never scheduled" in failed["message"]
+        assert "RendezvousTimeoutError" in decision.status["failures"][-1]["logTail"]
+
+    def test_another_error_of_torchrun_is_a_counted_restart(self) -> None:
+        tail = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: the store failed"
+        decision = reconcile(job(), running(), states(pod(0, "Failed", exit_code=1, message=tail), pod(1)), NOW)
+        assert decision.status["phase"] == "Restarting" and decision.status["restarts"] == 1
+
+
+class TestDisruptionBound:
+    EVICTED = staticmethod(lambda: states(pod(0, "Failed", exit_code=143, disrupted=True), pod(1)))
+
+    def test_disruptions_up_to_the_limit_restart_without_counting(self) -> None:
+        decision = reconcile(job(), running(disruptions=DISRUPTION_LIMIT - 1), self.EVICTED(), NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["disruptions"] == DISRUPTION_LIMIT and decision.status["restarts"] == 0
+
+    def test_a_job_disrupted_over_and_over_fails_with_a_reason(self) -> None:
+        decision = reconcile(job(), running(disruptions=DISRUPTION_LIMIT), self.EVICTED(), NOW)
+        assert decision.status["phase"] == "Failed"
+        failed = condition(decision, "Failed")
+        assert failed["reason"] == "TooManyDisruptions"
+        assert f"failurePolicy.disruptionLimit is {DISRUPTION_LIMIT}" in failed["message"]
+        assert reasons(decision) == ["TooManyDisruptions"]
+        assert decision.status["failures"][-1]["reason"] != "TooManyDisruptions"  # the disruption itself
+        assert decision.delete == ("valid-1",)  # the rest of the gang stops
+
+    def test_a_vanished_pod_counts_towards_the_bound(self) -> None:
+        decision = reconcile(job(), running(disruptions=DISRUPTION_LIMIT), states(pod(0)), NOW)
+        assert condition(decision, "Failed")["reason"] == "TooManyDisruptions"
+
+    def test_the_limit_is_the_jobs_own(self) -> None:
+        decision = reconcile(job(failurePolicy={"disruptionLimit": 0}), running(), self.EVICTED(), NOW)
+        assert condition(decision, "Failed")["reason"] == "TooManyDisruptions"
+
+    def test_scaling_is_not_a_disruption(self) -> None:
+        elastic = job(nodes=2, elastic={"minNodes": 1, "maxNodes": 4})
+        status = running(nodes={"desired": 3}, disruptions=DISRUPTION_LIMIT)
+        decision = reconcile(elastic, status, states(pod(0), pod(1), pod(2)), NOW)
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["disruptions"] == DISRUPTION_LIMIT
+
+
+class TestAbsurdReports:
+    """What a user program reports is not trusted: no value of it makes an invalid status."""
+
+    @pytest.mark.parametrize("report", [
+        '{"step": 1e30, "loss": NaN}', '{"step": -4, "loss": Infinity, "resumedFromStep": 1e30}',
+        '{"step": "many", "loss": "low"}', '{"step": NaN, "loss": -Infinity}', '{"step": true, "loss": true}',
+    ])
+    def test_last_words_of_any_shape(self, report: str) -> None:
+        pods = states(pod(0, "Succeeded", exit_code=0, message=report, attempt=1),
+                      pod(1, "Succeeded", exit_code=0, attempt=1))
+        status = running(attempt=1, progress={"step": 5, "loss": 0.5, "updatedAt": "2026-11-01T10:09:00Z"})
+        decision = reconcile(job(), status, pods, NOW)
+        assert decision.status["phase"] == "Succeeded"
+        assert_valid_status(decision.status)
+
+    @pytest.mark.parametrize("progress", [
+        Progress(step=10**30), Progress(step=5, loss=float("nan"), samples_per_second=-1.0),
+        Progress(step=5, total_steps=-3, checkpoint_step=10**30, resumed_from_step=-9, epoch=-1),
+        Progress(step=5, samples_per_second=float("inf"), seconds_per_step=float("inf")),
+    ])
+    def test_scraped_progress_of_any_size(self, progress: Progress) -> None:
+        decision = reconcile(job(), running(conditions=[KNOWN]), states(pod(0), pod(1)), NOW, progress)
+        assert decision.status["phase"] == "Running"
+        assert_valid_status(decision.status)
+
+
+# Every reason a job can end Failed with, or that its status can show while retrying or while progress is
+# unknown: each must be explained in the README's failure table.
+DOCUMENTED_REASONS = [
+    "BackoffLimitExceeded", "OOMKilled", "InvalidTrainerConfig", "DeadlineExceeded", "InvalidPodSpec",
+    "TooManyDisruptions", "QuotaExceeded", "Forbidden", "ApiUnavailable", "NameTaken", "ApiError", "Reconciled",
+    "ScrapeFailed", "MetricsScraped", "NotScrapedYet", "NoHeartbeat", "Disrupted", "PodFailed",
+    "PreviousJobPodsTerminating", "RendezvousTimeout",
+]
+
+
+@pytest.mark.parametrize("reason", DOCUMENTED_REASONS)
+def test_every_failure_reason_is_in_the_readme_table(reason: str) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("## Failures and restarts", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert any(reason in row for row in rows), f"{reason} is not in the README's failure table"
+
+
+def test_the_readme_states_the_disruption_bound() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "more than `failurePolicy.disruptionLimit` (default 30) such disruptions" in readme
+
+
+def test_a_new_attempt_starts_with_progress_not_known_yet() -> None:
+    """So that its trainer starting up (not serving yet) is neither a stall nor a lost rank 0 (no event)."""
+    pods = states(pod(0, "Failed", exit_code=1), pod(1))
+    restarted = reconcile(job(), running(conditions=[KNOWN]), pods, NOW).status
+    known = next(c for c in restarted["conditions"] if c["type"] == "ProgressKnown")
+    assert (known["status"], known["reason"]) == ("False", "NotScrapedYet")
+    later = reconcile(job(), restarted | {"phase": "Running", "runningTime": "2026-11-01T10:10:00Z"},
+                      states(pod(0, attempt=1), pod(1, attempt=1)), NOW, Scrape(error="connection refused"))
+    assert later.events == ()

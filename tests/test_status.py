@@ -7,16 +7,20 @@ from datetime import UTC, datetime
 import pytest
 
 from kubetrain.status import (
+    MAX_COUNT,
     FailureKind,
     Progress,
+    count,
     count_nodes,
     format_duration,
+    in_range,
     owned_by,
     pod_state,
     progress_status,
     set_condition,
 )
 from tests.pods import pod, states
+from tests.status_schema import assert_valid_status
 
 NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
 
@@ -118,3 +122,49 @@ def test_a_child_belongs_to_the_job_its_uid_label_or_controller_names(metadata: 
                                                                       uid: str | None) -> None:
     assert owned_by(metadata) == uid
     assert pod_state({"metadata": metadata}).job_uid == uid
+
+
+NAN, INF = float("nan"), float("inf")
+ABSURD = [
+    pytest.param(Progress(step=10**30, total_steps=100), id="step 1e30"),
+    pytest.param(Progress(step=-5, total_steps=-100, epoch=-1), id="negative counts"),
+    pytest.param(Progress(step=5, loss=NAN, samples_per_second=NAN, seconds_per_step=NAN), id="NaN"),
+    pytest.param(Progress(step=5, total_steps=10, loss=INF, samples_per_second=INF, seconds_per_step=INF),
+                 id="infinite"),
+    pytest.param(Progress(step=5, total_steps=10, loss=-INF, samples_per_second=-3.0, seconds_per_step=-1.0),
+                 id="negative throughput"),
+    pytest.param(Progress(step=5, total_steps=2**62, samples_per_second=1e-300, seconds_per_step=1e300,
+                          resumed_from_step=-7), id="absurd rates"),
+    pytest.param(Progress(step=5, total_steps=10, samples_per_second=1e300, loss=1e308), id="huge"),
+    pytest.param(Progress(step=3, heartbeat=datetime(9999, 1, 1, tzinfo=UTC)), id="heartbeat from the future"),
+]
+
+
+@pytest.mark.parametrize("progress", ABSURD)
+def test_absurd_progress_never_makes_an_invalid_status(progress: Progress) -> None:
+    status = progress_status(progress, 1000, 64, NOW)
+    assert_valid_status({"progress": status})
+    assert 0 <= status["step"] <= MAX_COUNT
+    assert status.get("samplesPerSecond", 0) >= 0 and 0 <= status.get("percent", 0) <= 100
+
+
+def test_absurd_values_are_left_out_and_sane_ones_kept() -> None:
+    status = progress_status(Progress(step=5, total_steps=10, loss=INF, samples_per_second=-3.0), None, 64, NOW)
+    assert status["step"] == 5 and status["summary"] == "50% (5/10)"
+    assert "loss" not in status and status["lossText"] == "inf"
+    assert "samplesPerSecond" not in status and "throughputText" not in status and "eta" not in status
+    future = progress_status(Progress(step=3, heartbeat=datetime(9999, 1, 1, tzinfo=UTC)), None, None, NOW)
+    assert future["heartbeatTime"] == "2026-11-01T10:10:00Z"  # a clock ahead is not a fresh heartbeat forever
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (5, 5), (5.0, 5), (0, 0), (-1, None), (NAN, None), (INF, None), (1e30, None), (10**400, None),
+    (True, None), ("5", None), (None, None),
+])
+def test_count_accepts_only_sane_non_negative_numbers(value: object, expected: int | None) -> None:
+    assert count(value) == expected
+
+
+def test_in_range_is_finite_and_bounded() -> None:
+    assert in_range(2.5, 0, 3) == 2.5
+    assert in_range(-0.1, 0, 3) is None and in_range(NAN, -INF, INF) is None and in_range(INF, 0, INF) is None

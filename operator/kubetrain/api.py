@@ -159,6 +159,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     # True while the operator's last attempt to act on the job failed and is being retried.
     RECONCILE_ERROR = "ReconcileError"
+    # True while rank 0's metrics can be read; False: progress is unknown (never taken for a stall).
+    PROGRESS_KNOWN = "ProgressKnown"
 
 
 class Reason(StrEnum):
@@ -188,3 +190,8 @@ class Reason(StrEnum):
     API_ERROR = "ApiError"  # any other refusal, or an error of the operator itself
     RECONCILED = "Reconciled"
     PREVIOUS_JOB_PODS = "PreviousJobPodsTerminating"
+    METRICS_SCRAPED = "MetricsScraped"
+    SCRAPE_FAILED = "ScrapeFailed"
+    NOT_SCRAPED_YET = "NotScrapedYet"  # a new attempt: its rank 0 has not been read yet
+    TOO_MANY_DISRUPTIONS = "TooManyDisruptions"
+    RENDEZVOUS_TIMEOUT = "RendezvousTimeout"  # the gang did not all join torchrun's rendezvous in time

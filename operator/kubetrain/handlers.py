@@ -22,12 +22,12 @@ import aiohttp
 import kopf
 
 from kubetrain import api, metrics
-from kubetrain.kube import ConflictError, CreateError, Kube, api_failure, load_configuration
+from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, load_configuration
 from kubetrain.manifests import build_pod, build_service, owner_reference
 from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
-from kubetrain.status import Progress, merge_patch, owned_by, parse_time, pod_state
+from kubetrain.status import Scrape, merge_patch, owned_by, parse_time, pod_state
 
 __all__ = ["OperatorConfig"]
 
@@ -167,6 +167,9 @@ async def _reconcile_measured(state: OperatorState, key: Key, trigger: str, logg
         state.failures.pop(key, None)
     except ConflictError:
         state.due[key] = time.monotonic() + CONFLICT_RETRY
+    except JobGoneError as gone:  # deleted while we reconciled it: normal, so no error, no retry
+        logger.debug("%s", gone)
+        state.forget(key)
     except Exception as error:
         metrics.RECONCILE_ERRORS.labels(handler=trigger).inc()
         delay = _next_retry_delay(state, key)
@@ -217,15 +220,26 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
     try:
         pods += await state.kube.list_job_pods(namespace, name)
         decision = await _decide_and_act(state, key, body, job, stored, pods=pods, logger=logger)
-    except ConflictError:
+    except (ConflictError, JobGoneError):
         raise
     except Exception as error:
+        if await _gone(state, job):  # e.g. a 404 creating a pod in the job's deleted namespace
+            raise JobGoneError(f"{namespace}/{name} was deleted while reconciling") from error
         decision = await _report_failure(state, key, body, job, stored, pods=pods, error=error)
         if decision.status.get("phase") != api.Phase.FAILED:
             raise  # retried with backoff by _reconcile_measured, as the status now says
         await _act(state, job, pods, decision, logger)  # failed for good: stop what runs of the gang
     await _write_status(state, job, stored, recovered(job, decision.status, datetime.now(UTC)))
     _schedule(state, key, decision)
+
+
+async def _gone(state: OperatorState, job: TrainingJob) -> bool:
+    """Whether the job was deleted (or is being deleted, or was replaced by a new one of the same name)."""
+    try:
+        body = await state.kube.get_job(job.namespace, job.name)
+    except Exception:  # cannot tell: the original error is reported and retried
+        return False
+    return body is None or bool(body["metadata"].get("deletionTimestamp")) or body["metadata"].get("uid") != job.uid
 
 
 async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,
@@ -252,8 +266,8 @@ async def _report_failure(state: OperatorState, key: Key, body: Json, job: Train
     return decision
 
 
-async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json], pods: list[Json]) -> Progress | None:
-    """Rank 0's progress, at most every progress_interval seconds, while the job runs."""
+async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json], pods: list[Json]) -> Scrape | None:
+    """Rank 0's progress (or why it cannot be read), at most every progress_interval seconds, while it runs."""
     if status.get("phase") not in (api.Phase.RUNNING, api.Phase.STARTING):
         return None
     if time.monotonic() - state.last_scrape.get(key, 0.0) < state.config.progress_interval:
@@ -262,7 +276,7 @@ async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json], po
     first = next((p for p in pods if p["metadata"].get("labels", {}).get(api.LABEL.NODE_INDEX) == "0"
                   and p["metadata"]["labels"].get(api.LABEL.ATTEMPT) == attempt), None)
     pod_ip = (first or {}).get("status", {}).get("podIP")
-    if not pod_ip:
+    if not pod_ip or (first or {}).get("status", {}).get("phase") != "Running":
         return None
     state.last_scrape[key] = time.monotonic()
     return await fetch_progress(state.http, pod_ip)

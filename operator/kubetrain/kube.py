@@ -22,7 +22,16 @@ from kubetrain import api
 from kubetrain.manifests import job_selector
 from kubetrain.policy import ApiFailure
 
-__all__ = ["RECONNECTING", "ConflictError", "CreateError", "Kube", "api_failure", "load_configuration", "stream_job"]
+__all__ = [
+    "RECONNECTING",
+    "ConflictError",
+    "CreateError",
+    "JobGoneError",
+    "Kube",
+    "api_failure",
+    "load_configuration",
+    "stream_job",
+]
 
 Json = Any
 
@@ -32,6 +41,10 @@ HTTP_CONFLICT = 409
 
 class ConflictError(Exception):
     """The object changed since it was read (resourceVersion mismatch): reconcile again."""
+
+
+class JobGoneError(Exception):
+    """The TrainingJob was deleted while it was being reconciled: nothing is wrong, and nothing is left to do."""
 
 
 class CreateError(Exception):
@@ -112,7 +125,8 @@ class Kube:
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
                                resource_version: str) -> str:
-        """Merge-patch the status; the job's new resourceVersion. ConflictError when it changed since read."""
+        """Merge-patch the status; the job's new resourceVersion. ConflictError when it changed since read,
+        JobGoneError when it was deleted."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         try:
             updated = await self._json(self._custom.patch_namespaced_custom_object_status,
@@ -121,6 +135,8 @@ class Kube:
         except ApiException as error:
             if error.status == HTTP_CONFLICT:
                 raise ConflictError(f"{namespace}/{name} changed while reconciling") from error
+            if error.status == HTTP_NOT_FOUND:
+                raise JobGoneError(f"{namespace}/{name} was deleted while reconciling") from error
             raise
 
     async def delete_job(self, namespace: str, name: str) -> None:

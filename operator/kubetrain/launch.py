@@ -66,6 +66,9 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         api.ENV.SHUTDOWN_TIMEOUT: str(worker_shutdown_seconds(job)),
         api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below
         api.ENV.LOG_LINE_PREFIX: api.LOG_LINE_PREFIX,
+        # torchrun copies the workers' lines to its stdout without flushing: unbuffered, or `kubectl logs`
+        # shows them only when the pod ends (the project's images set it too; a user's image may not).
+        "PYTHONUNBUFFERED": "1",
         api.ENV.NO_SHARED_STORE: "1",
         api.ENV.JOB_NAME: job.name,
         api.ENV.NODE_INDEX: str(index),

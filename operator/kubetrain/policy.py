@@ -9,7 +9,11 @@ Failure taxonomy (decided from pod status, never guessed):
   -> gang restart that does not count against backoffLimit;
 - OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
 - any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
-- no heartbeat for stallTimeoutSeconds while Running -> condition Stalled and a counted gang restart.
+- no heartbeat for stallTimeoutSeconds while Running, as seen by a scrape of rank 0 -> condition Stalled and
+  a counted gang restart; while rank 0 cannot be scraped, progress is unknown (condition ProgressKnown False,
+  reason ScrapeFailed), which is never a stall;
+- torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds) -> Failed at once;
+- more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions).
 Pods of an earlier job of the same name (another uid) are never this job's: they are deleted first.
 When carrying out a decision fails, ``failed_reconcile`` decides: pods the API server refuses as invalid
 fail the job; anything else is retried with backoff and shown in condition ReconcileError.
@@ -19,6 +23,7 @@ The first pod to fail names the cause: peers that fail afterwards only lost thei
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,6 +37,8 @@ from kubetrain.status import (
     FailureKind,
     PodState,
     Progress,
+    Scrape,
+    count,
     count_nodes,
     isoformat,
     parse_time,
@@ -56,6 +63,7 @@ Json = Any
 # A terminating pod whose node stopped answering never confirms its deletion: after its grace period
 # plus this margin, the operator force-deletes it so that the next attempt can reuse the name.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
+
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ class _Draft:
     def attempt(self) -> int:
         return int(self.status.get("attempt", 0))
 
-    def condition(self, kind: ConditionType, value: bool, reason: str, message: str) -> None:
+    def condition(self, kind: str, value: bool, reason: str, message: str) -> None:
         self.status["conditions"] = set_condition(
             self.status.get("conditions", []), kind, value, reason, message, now=self.now,
             generation=self.job.generation
@@ -141,9 +149,13 @@ def reconcile(
     status: Mapping[str, Json],
     pods: Sequence[PodState],
     now: datetime,
-    progress: Progress | None = None,
+    progress: Progress | Scrape | None = None,
 ) -> Decision:
-    """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``."""
+    """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``.
+
+    ``progress``: what a scrape of rank 0 read now (a Progress, or a Scrape that may have failed); None when
+    rank 0 was not scraped this time.
+    """
     draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
     draft.status["observedGeneration"] = job.generation
     draft.status["selector"] = job_selector(job.name, job.uid)
@@ -154,7 +166,7 @@ def reconcile(
     draft.status.setdefault("restarts", 0)
     draft.status.setdefault("startTime", isoformat(now))
     if progress is not None:
-        _record_progress(draft, progress)
+        _record_scrape(draft, progress if isinstance(progress, Scrape) else Scrape(progress=progress))
 
     phase = draft.status.get("phase")
     if phase in (Phase.SUCCEEDED, Phase.FAILED):
@@ -169,11 +181,38 @@ def reconcile(
     return draft.decision()
 
 
+def _record_scrape(draft: _Draft, scrape: Scrape) -> None:
+    """Rank 0's report, or that it could not be read: said in condition ProgressKnown, and never a stall."""
+    known = _condition(draft.status, ConditionType.PROGRESS_KNOWN)
+    if not scrape.failed:
+        if scrape.progress is not None:
+            _record_progress(draft, scrape.progress)
+        draft.condition(ConditionType.PROGRESS_KNOWN, True, Reason.METRICS_SCRAPED, "rank 0's metrics were read")
+        return
+    if draft.status.get("phase") != Phase.RUNNING:
+        return  # pods still starting: the trainer is not serving yet
+    message = f"progress unknown: rank 0's metrics cannot be read ({scrape.error}); not judged a stall"
+    draft.condition(ConditionType.PROGRESS_KNOWN, False, Reason.SCRAPE_FAILED, message)
+    if known is not None and known.get("status") == "True":
+        draft.events.append(Event("Warning", Reason.SCRAPE_FAILED, message[:1024]))
+
+
+def _progress_not_known_yet(draft: _Draft) -> None:
+    """A new attempt's progress is unknown until its rank 0 is read (and what the last one said is no stall)."""
+    if _condition(draft.status, ConditionType.PROGRESS_KNOWN) is not None:
+        draft.condition(ConditionType.PROGRESS_KNOWN, False, Reason.NOT_SCRAPED_YET,
+                        f"attempt {draft.attempt} has not been read yet")
+
+
+def _condition(status: Mapping[str, Json], kind: str) -> Mapping[str, Json] | None:
+    return next((c for c in status.get("conditions", []) if c.get("type") == kind), None)
+
+
 def _record_progress(draft: _Draft, progress: Progress) -> None:
     spec = draft.job.spec
     previous = draft.status.get("progress") or {}
     draft.status["progress"] = progress_status(progress, spec.total_steps, spec.samples_per_step, draft.now)
-    checkpoint_step = progress.checkpoint_step or 0
+    checkpoint_step = count(progress.checkpoint_step) or 0
     if checkpoint_step > int((draft.status.get("lastCheckpoint") or {}).get("step", 0)):
         draft.status["lastCheckpoint"] = {"step": checkpoint_step, "time": isoformat(draft.now)}
     saved = int((draft.status.get("lastCheckpoint") or {}).get("step", 0))
@@ -223,17 +262,20 @@ def _final_progress(draft: _Draft, pods: Sequence[PodState]) -> None:
     spec = draft.job.spec
     reports = [r for r in (p.final_report() for p in sorted(pods, key=lambda p: p.index)) if r]
     progress = draft.status.get("progress") or {}
-    step = int(progress.get("step", 0))
+    step = count(progress.get("step")) or 0
     loss = progress.get("loss")
-    if reports:
-        step = int(reports[0].get("step", step))
+    if reports:  # the program's last words: any JSON at all (NaN, strings, 1e30) is possible
+        step = count(reports[0].get("step")) or step
         loss = reports[0].get("loss", loss)
-    total = spec.total_steps or int(progress.get("totalSteps", 0)) or step
-    final = Progress(step=max(step, total), total_steps=total, loss=float(loss) if loss is not None else None)
+    total = spec.total_steps or count(progress.get("totalSteps")) or step
+    number = loss if isinstance(loss, int | float) and not isinstance(loss, bool) else None
+    final = Progress(step=max(step, total), total_steps=total, loss=float(number) if number is not None else None)
     draft.status["progress"] = {**progress, **progress_status(final, total, None, draft.now)}
-    resumed = reports[0].get("resumedFromStep") if reports else None
+    if number is not None and not math.isfinite(number):
+        draft.status["progress"].pop("loss", None)  # a finite loss kept from the last scrape is no longer true
+    resumed = count(reports[0].get("resumedFromStep")) if reports else None
     if resumed is not None and "resumedFromStep" not in progress and draft.attempt > 0:
-        draft.status["progress"]["resumedFromStep"] = int(resumed)
+        draft.status["progress"]["resumedFromStep"] = resumed
 
 
 def _suspend(draft: _Draft, pods: Sequence[PodState]) -> None:
@@ -249,6 +291,7 @@ def _suspend(draft: _Draft, pods: Sequence[PodState]) -> None:
 def _resume(draft: _Draft) -> None:
     """A resumed job starts a fresh attempt (not a restart) and its deadline counts from now."""
     draft.status["attempt"] = draft.attempt + 1
+    _progress_not_known_yet(draft)
     draft.status["startTime"] = isoformat(draft.now)
     draft.status.pop("runningTime", None)
     draft.status.pop("attemptStartTime", None)
@@ -297,20 +340,19 @@ def _run(draft: _Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) -
 def _restart(draft: _Draft, current: Sequence[PodState], reason: str, message: str, *, counted: bool,
              failed: Sequence[PodState] = ()) -> None:
     """Gang restart: record the post-mortem, bump the attempt, delete every pod of this attempt."""
-    policy = draft.job.spec.failure_policy
-    restarts = int(draft.status.get("restarts", 0))
-    if counted and restarts >= policy.backoff_limit:
-        _record_failures(draft, failed, reason, message, counted=True)
-        _finish(draft, current, False, Reason.BACKOFF_LIMIT,
-                f"{message}; backoffLimit={policy.backoff_limit} restarts used up")
-        return
+    used_up = _restarts_used_up(draft, reason, counted=counted)
     _record_failures(draft, failed, reason, message, counted=counted)
+    if used_up is not None:
+        final_reason, explanation = used_up
+        _finish(draft, current, False, final_reason, f"{message}; {explanation}")
+        return
     if counted:
-        draft.status["restarts"] = restarts + 1
-    else:
+        draft.status["restarts"] = int(draft.status.get("restarts", 0)) + 1
+    elif reason == Reason.DISRUPTED:  # a scale is the user's wish, not a disruption
         draft.status["disruptions"] = int(draft.status.get("disruptions", 0)) + 1
     _fold_gpu_seconds(draft, current)
     draft.status["attempt"] = draft.attempt + 1
+    _progress_not_known_yet(draft)
     draft.status.pop("runningTime", None)
     draft.status.pop("attemptStartTime", None)
     progress = draft.status.get("progress")
@@ -321,6 +363,20 @@ def _restart(draft: _Draft, current: Sequence[PodState], reason: str, message: s
     draft.condition(ConditionType.RESTARTING, True, reason, text)
     draft.condition(ConditionType.RUNNING, False, reason, text)
     draft.remove(current)
+
+
+def _restarts_used_up(draft: _Draft, reason: str, *, counted: bool) -> tuple[str, str] | None:
+    """(reason, explanation) when this restart is one too many: backoffLimit, or the bound on disruptions."""
+    restarts = int(draft.status.get("restarts", 0))
+    disruptions = int(draft.status.get("disruptions", 0))
+    policy = draft.job.spec.failure_policy
+    if counted and restarts >= policy.backoff_limit:
+        return Reason.BACKOFF_LIMIT, f"backoffLimit={policy.backoff_limit} restarts used up"
+    if not counted and reason == Reason.DISRUPTED and disruptions >= policy.disruption_limit:
+        return Reason.TOO_MANY_DISRUPTIONS, (
+            f"disrupted {disruptions + 1} times (evictions, preemptions, node losses: failurePolicy.disruptionLimit "
+            f"is {policy.disruption_limit}); find out why the cluster keeps stopping the job's pods")
+    return None
 
 
 def _record_failures(draft: _Draft, failed: Sequence[PodState], reason: str, message: str, *,
@@ -335,6 +391,8 @@ def _record_failures(draft: _Draft, failed: Sequence[PodState], reason: str, mes
         record = base | {"pod": pod.name, "node": pod.node or "", "reason": pod.reason or reason}
         if pod.exit_code is not None:
             record["exitCode"] = pod.exit_code
+        if pod.message:  # the post-mortem that outlives the pod (`kubetrain logs --attempt N`)
+            record["logTail"] = pod.message[-api.LOG_TAIL_CHARS:]
         records.append(record)
     draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
 
@@ -364,12 +422,24 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
         _finish(draft, current, False, Reason.OOM_KILLED,
                 f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
                 "(set failurePolicy.restartOnOOM to retry as is)")
+    elif kind is FailureKind.RENDEZVOUS_TIMEOUT:
+        _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True)
+        _finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current))
     elif kind is FailureKind.DISRUPTION:
         _restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
     else:
         _restart(draft, current, Reason.POD_FAILED if kind is FailureKind.ERROR else Reason.OOM_KILLED,
                  message, counted=True, failed=failed)
     return True
+
+
+def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState]) -> str:
+    seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
+    unplaced = [p.name for p in current if not p.scheduled]
+    where = (f"pod(s) {', '.join(unplaced)} were never scheduled (see their events)" if unplaced
+             else "every pod was placed, but not all of them joined (see `kubetrain logs`)")
+    return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
+            f"{seconds}: {where}; not retried, as the same gang would wait the same way")
 
 
 def _handle_success(draft: _Draft, current: Sequence[PodState]) -> bool:
@@ -414,6 +484,7 @@ def _handle_lost_or_extra(draft: _Draft, current: Sequence[PodState]) -> bool:
 
 
 def _handle_stall(draft: _Draft, current: Sequence[PodState]) -> bool:
+    """A stall is a heartbeat that a scrape of rank 0 actually saw stale; unknown progress is never one."""
     timeout = draft.job.spec.failure_policy.stall_timeout_seconds
     running_since = parse_time(draft.status.get("runningTime"))
     if not timeout or draft.status.get("phase") != Phase.RUNNING or running_since is None:
@@ -422,14 +493,23 @@ def _handle_stall(draft: _Draft, current: Sequence[PodState]) -> bool:
     if heartbeat is None and draft.job.spec.trainer is None:
         return False  # a user program that exports no heartbeat cannot be judged by one
     last_sign = max(running_since, heartbeat) if heartbeat else running_since
-    silent = (draft.now - last_sign).total_seconds()
+    seen = _last_seen(draft.status)
+    silent = (seen - last_sign).total_seconds() if seen is not None else 0.0
     if silent < timeout:
-        draft.requeue(timeout - silent)
+        draft.requeue((last_sign + timedelta(seconds=timeout) - draft.now).total_seconds())
         return False
     message = f"no training heartbeat for {int(silent)}s (stallTimeoutSeconds={timeout})"
     draft.condition(ConditionType.STALLED, True, Reason.STALLED, message)
     _restart(draft, current, Reason.STALLED, message, counted=True)
     return True
+
+
+def _last_seen(status: Mapping[str, Json]) -> datetime | None:
+    """When a scrape last read rank 0's progress; None while rank 0 cannot be read (progress unknown)."""
+    known = _condition(status, ConditionType.PROGRESS_KNOWN)
+    if known is None or known.get("status") != "True":
+        return None
+    return parse_time((status.get("progress") or {}).get("updatedAt"))
 
 
 def _progress_attempt(draft: _Draft, current: Sequence[PodState], blocked: Sequence[str] = ()) -> None:
@@ -553,8 +633,8 @@ def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequenc
 
 
 def _reconcile_error(status: Mapping[str, Json]) -> Mapping[str, Json] | None:
-    found = [c for c in status.get("conditions", []) if c.get("type") == ConditionType.RECONCILE_ERROR]
-    return found[0] if found and found[0].get("status") == "True" else None
+    found = _condition(status, ConditionType.RECONCILE_ERROR)
+    return found if found is not None and found.get("status") == "True" else None
 
 
 def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:

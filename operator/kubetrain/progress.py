@@ -2,6 +2,8 @@
 
 The trainer all-reduces its loss and keeps one global step counter, so any rank's endpoint speaks
 for the whole job; the operator reads local rank 0 of pod 0 (port api.METRICS_PORT).
+The page comes from the user's program and is not trusted: a value that is NaN, infinite, negative or
+absurd is left out (see status.in_range), and a page that does not parse is a failed scrape.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetrain import api
-from kubetrain.status import Progress
+from kubetrain.status import MAX_SAMPLES_PER_SECOND, MAX_SECONDS_PER_STEP, Progress, Scrape, count, in_range
 
-__all__ = ["fetch_progress", "parse_progress"]
+__all__ = ["fetch_progress", "parse_progress", "read_progress"]
 
 # How long one scrape may take: the reconcile loop must never wait on a slow trainer.
 SCRAPE_TIMEOUT_SECONDS = 3.0
+# The latest heartbeat a datetime can hold (9999-12-31T23:59:59Z).
+MAX_TIMESTAMP = 253402300799.0
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -30,46 +34,62 @@ def _samples(text: str) -> dict[str, float]:
     return values
 
 
-def parse_progress(text: str) -> Progress | None:
-    """Progress from a metrics page; None when the page has no training step yet."""
-    values = _samples(text)
-    step = values.get("trainer_step")
-    if step is None:
+def _timestamp(value: float | None) -> datetime | None:
+    seconds = in_range(value, 1.0, MAX_TIMESTAMP)  # 0 (no step yet), negative or absurd: no heartbeat
+    return datetime.fromtimestamp(seconds, UTC) if seconds is not None else None
+
+
+def _mean_step_time(values: dict[str, float]) -> float | None:
+    steps = in_range(values.get("trainer_step_duration_seconds_count"), 1, math.inf)
+    seconds = in_range(values.get("trainer_step_duration_seconds_sum"), 0, math.inf)
+    if steps is None or seconds is None:
         return None
+    return in_range(seconds / steps, 0, MAX_SECONDS_PER_STEP)
 
-    def optional(name: str) -> float | None:
-        value = values.get(name)
-        return value if value is not None and not math.isnan(value) else None
 
-    total = optional("trainer_total_steps")
-    heartbeat = optional("trainer_last_step_timestamp_seconds")
-    checkpoint = optional("trainer_checkpoint_last_step")
-    resumed = optional("trainer_resumed_from_step")
-    epoch = optional("trainer_epoch")
-    steps_timed = optional("trainer_step_duration_seconds_count")
-    time_in_steps = optional("trainer_step_duration_seconds_sum")
+def _progress(values: dict[str, float]) -> Progress | None:
+    step = count(values.get("trainer_step"))
+    if step is None:  # absent, or not a step at all (NaN, negative, 1e30)
+        return None
+    loss = values.get("trainer_loss_last")
+    # The trainer says -1 for a fresh start: that is "resumed from step 0".
+    resumed = values.get("trainer_resumed_from_step")
     return Progress(
-        step=int(step),
-        total_steps=int(total) if total else None,
-        epoch=int(epoch) if epoch is not None else None,
-        loss=values.get("trainer_loss_last"),
-        samples_per_second=optional("trainer_samples_per_second"),
-        heartbeat=datetime.fromtimestamp(heartbeat, UTC) if heartbeat else None,
-        checkpoint_step=int(checkpoint) if checkpoint is not None and checkpoint >= 0 else None,
-        # The trainer says -1 for a fresh start: that is "resumed from step 0".
-        resumed_from_step=max(0, int(resumed)) if resumed is not None else None,
-        seconds_per_step=time_in_steps / steps_timed if steps_timed and time_in_steps is not None else None,
+        step=step,
+        total_steps=count(values.get("trainer_total_steps")) or None,
+        epoch=count(values.get("trainer_epoch")),
+        loss=loss if isinstance(loss, float) else None,  # NaN and infinities stay: status shows them as text
+        samples_per_second=in_range(values.get("trainer_samples_per_second"), 0, MAX_SAMPLES_PER_SECOND),
+        heartbeat=_timestamp(values.get("trainer_last_step_timestamp_seconds")),
+        checkpoint_step=count(values.get("trainer_checkpoint_last_step")),
+        resumed_from_step=0 if resumed == -1 else count(resumed),
+        seconds_per_step=_mean_step_time(values),
     )
 
 
-async def fetch_progress(session: aiohttp.ClientSession, pod_ip: str, port: int = api.METRICS_PORT) -> Progress | None:
-    """Scrape one endpoint; None when the trainer is not serving yet (connection refused, timeout)."""
+def read_progress(text: str) -> Scrape:
+    """One metrics page as a scrape: its progress (None before the first step), or why it is unreadable."""
+    try:
+        values = _samples(text)
+    except (ValueError, TypeError, IndexError) as error:  # the parser's answers to a malformed page
+        return Scrape(error=f"the metrics page does not parse: {error}"[:256])
+    return Scrape(progress=_progress(values))
+
+
+def parse_progress(text: str) -> Progress | None:
+    """Progress from a metrics page; None when the page has no training step yet (or does not parse)."""
+    return read_progress(text).progress
+
+
+async def fetch_progress(session: aiohttp.ClientSession, pod_ip: str, port: int = api.METRICS_PORT) -> Scrape:
+    """Scrape one endpoint; a failed Scrape when it cannot be read (connection refused, timeout, HTTP error)."""
     url = f"http://{pod_ip}:{port}/metrics"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)) as response:
             if response.status != 200:
-                return None
-            return parse_progress(await response.text())
-    except (aiohttp.ClientError, TimeoutError):
-        # Expected while the trainer starts or after it exits; the stall check covers a silent trainer.
-        return None
+                return Scrape(error=f"{url} answered HTTP {response.status}")
+            return read_progress(await response.text())
+    except TimeoutError:
+        return Scrape(error=f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
+    except (aiohttp.ClientError, UnicodeDecodeError) as error:
+        return Scrape(error=f"{url}: {type(error).__name__}: {error}"[:256])

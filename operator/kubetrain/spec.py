@@ -90,6 +90,7 @@ class FailurePolicy:
     restart_on_oom: bool
     node_lost_timeout_seconds: int
     rendezvous_timeout_seconds: int
+    disruption_limit: int
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ def _job_spec(spec: Mapping[str, Json]) -> JobSpec:
             restart_on_oom=bool(failure["restartOnOOM"]),
             node_lost_timeout_seconds=int(failure["nodeLostTimeoutSeconds"]),
             rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
+            disruption_limit=int(failure["disruptionLimit"]),
         ),
         run_policy=RunPolicy(
             active_deadline_seconds=run.get("activeDeadlineSeconds"),

@@ -17,8 +17,11 @@ __all__ = [
     "NodeCounts",
     "PodState",
     "Progress",
+    "Scrape",
+    "count",
     "count_nodes",
     "format_duration",
+    "in_range",
     "isoformat",
     "merge_patch",
     "owned_by",
@@ -48,6 +51,12 @@ class FailureKind(StrEnum):
     ERROR = "Error"  # non-zero exit of the program: counts against backoffLimit
     OOM = "OOMKilled"  # the kernel killed it for memory: fails the job unless restartOnOOM
     DISRUPTION = "Disrupted"  # preemption, eviction, node loss: restart without counting
+    RENDEZVOUS_TIMEOUT = "RendezvousTimeout"  # torchrun gave up waiting for the gang: fails the job
+
+
+# What torchrun's agent raises when the gang does not all join within its join_timeout; the kubelet keeps the
+# traceback's tail as the termination message (FallbackToLogsOnError).
+RENDEZVOUS_TIMEOUT_ERROR = "RendezvousTimeoutError"
 
 
 # Pod-level reasons that mean the platform, not the program, ended the pod.
@@ -92,6 +101,8 @@ class PodState:
             return FailureKind.OOM
         if self.disrupted:
             return FailureKind.DISRUPTION
+        if RENDEZVOUS_TIMEOUT_ERROR in (self.message or ""):
+            return FailureKind.RENDEZVOUS_TIMEOUT
         return FailureKind.ERROR
 
     def final_report(self) -> Mapping[str, Json] | None:
@@ -236,6 +247,32 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+# Bounds on what a user's program may report (its metrics and its last words are not trusted): beyond
+# them a value is a broken counter, not a fast job, and is dropped rather than written to the status.
+MAX_COUNT = 2**53 - 1  # steps, epochs: exact in a float and in the API server's int64
+MAX_SAMPLES_PER_SECOND = 1e12
+MAX_SECONDS_PER_STEP = 1e7
+MAX_ETA_SECONDS = 10 * 365 * 86400  # an ETA further out than ten years is shown as none
+
+
+def in_range(value: object, low: float, high: float) -> float | None:
+    """``value`` as a float when it is a finite number within [low, high]; else None (NaN, infinite, absurd,
+    not a number at all)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number if math.isfinite(number) and low <= number <= high else None
+
+
+def count(value: object, high: int = MAX_COUNT) -> int | None:
+    """``value`` as a non-negative integer (a step, an epoch) when it is one within bounds; else None."""
+    number = in_range(value, 0, high)
+    return int(number) if number is not None else None
+
+
 @dataclass(frozen=True)
 class Progress:
     """What rank 0 of the trainer reports (scraped from its metrics, or from its last words)."""
@@ -257,6 +294,33 @@ def _loss_text(loss: float) -> str:
     return f"{loss:.4g}"
 
 
+@dataclass(frozen=True)
+class Scrape:
+    """One read of rank 0's metrics endpoint: what it reported, or why it could not be read."""
+
+    progress: Progress | None = None  # None when the page has no training step yet
+    error: str | None = None  # connection refused, timeout, an HTTP error, a page that does not parse
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+def _eta(progress: Progress, total: int, step: int, samples_per_step: int | None) -> str | None:
+    """Time left from the sample rate (or the mean step time); None when neither gives a sane answer."""
+    if step >= total:
+        return "0s"
+    rate = in_range(progress.samples_per_second, 0, MAX_SAMPLES_PER_SECOND)
+    step_time = in_range(progress.seconds_per_step, 0, MAX_SECONDS_PER_STEP)
+    if rate and samples_per_step:
+        seconds = (total - step) * samples_per_step / rate
+    elif step_time:
+        seconds = (total - step) * step_time
+    else:
+        return None
+    return format_duration(seconds) if seconds <= MAX_ETA_SECONDS else None
+
+
 def progress_status(
     progress: Progress, total_steps: int | None, samples_per_step: int | None, now: datetime
 ) -> dict[str, Json]:
@@ -264,35 +328,35 @@ def progress_status(
 
     The ETA divides the remaining steps by the step rate, which is the reported sample rate over
     the samples one optimizer step consumes (batch size x accumulation x world size); for a user program,
-    whose samples per step the spec does not say, the mean step time it reported.
+    whose samples per step the spec does not say, the mean step time it reported. Whatever the report holds
+    (NaN, infinities, negative or absurd numbers), the result is valid JSON within the CRD's schema: such
+    values are left out, and a heartbeat from the future counts as now.
     """
-    total = progress.total_steps or total_steps
-    result: dict[str, Json] = {"step": progress.step, "updatedAt": isoformat(now)}
+    step = count(progress.step) or 0
+    total = count(progress.total_steps) or count(total_steps)
+    result: dict[str, Json] = {"step": step, "updatedAt": isoformat(now)}
     if total:
-        percent = min(100, int(100 * progress.step / total))
-        result |= {"totalSteps": total, "percent": percent, "summary": f"{percent}% ({progress.step}/{total})"}
-        if progress.samples_per_second and samples_per_step and progress.step < total:
-            steps_per_second = progress.samples_per_second / samples_per_step
-            result["eta"] = format_duration((total - progress.step) / steps_per_second)
-        elif progress.seconds_per_step and progress.step < total:
-            result["eta"] = format_duration((total - progress.step) * progress.seconds_per_step)
-        elif progress.step >= total:
-            result["eta"] = "0s"
+        percent = min(100, int(100 * step / total))
+        result |= {"totalSteps": total, "percent": percent, "summary": f"{percent}% ({step}/{total})"}
+        eta = _eta(progress, total, step, samples_per_step)
+        if eta is not None:
+            result["eta"] = eta
     else:
-        result["summary"] = f"step {progress.step}"
-    if progress.epoch is not None:
-        result["epoch"] = progress.epoch
+        result["summary"] = f"step {step}"
+    if count(progress.epoch) is not None:
+        result["epoch"] = count(progress.epoch)
     if progress.loss is not None and math.isfinite(progress.loss):
         result["loss"] = progress.loss
     if progress.loss is not None:
         result["lossText"] = _loss_text(progress.loss)
-    if progress.samples_per_second is not None:
-        result["samplesPerSecond"] = round(progress.samples_per_second, 3)
-        result["throughputText"] = f"{progress.samples_per_second:.1f}"
+    rate = in_range(progress.samples_per_second, 0, MAX_SAMPLES_PER_SECOND)
+    if rate is not None:
+        result["samplesPerSecond"] = round(rate, 3)
+        result["throughputText"] = f"{rate:.1f}"
     if progress.heartbeat is not None:
-        result["heartbeatTime"] = isoformat(progress.heartbeat)
-    if progress.resumed_from_step is not None:
-        result["resumedFromStep"] = progress.resumed_from_step
+        result["heartbeatTime"] = isoformat(min(progress.heartbeat, now))
+    if count(progress.resumed_from_step) is not None:
+        result["resumedFromStep"] = count(progress.resumed_from_step)
     return result
 
 

@@ -137,27 +137,30 @@ RBAC rules on the objects of one namespace (used by the ClusterRole in cluster-w
 per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 */}}
 {{- define "kubetrain.namespacedRules" -}}
-# The TrainingJobs themselves: watch them, and delete those whose ttlSecondsAfterFinished has passed.
-# (The operator adds no finalizers or annotations to them, so it never patches them.)
+# Exactly what the operator calls (tests/test_rbac.py derives this list from its code and kopf's registry).
+# The TrainingJobs: kopf lists and watches them; the operator reads one before each reconcile and deletes
+# those whose ttlSecondsAfterFinished has passed. (No finalizers or annotations: it never patches them.)
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs"]
   verbs: ["get", "list", "watch", "delete"]
-# Their status subresource: phase, conditions, progress (kopf patches status through /status).
+# Their status subresource: phase, conditions, progress (a merge patch, never an update).
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
-  verbs: ["get", "patch", "update"]
-# The children: one pod per node and a headless Service per job; created, adopted, and deleted on
-# gang restarts and cleanup.
+  verbs: ["patch"]
+# One pod per node: watched by kopf, listed per job, created, read back when the name is taken, adopted
+# (owner reference patched back) and deleted on gang restarts and cleanup.
 - apiGroups: [""]
-  resources: ["pods", "services"]
+  resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# Events on TrainingJobs (kopf posts both API versions depending on the cluster).
+# The headless Service of each job: created, read back when the name is taken, replaced when a deleted job
+# of the same name left it.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "delete"]
+# Events on TrainingJobs: kopf posts core/v1 events (create only).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*

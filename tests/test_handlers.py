@@ -1,0 +1,215 @@
+"""The handlers' reconcile against a recording fake of the Kubernetes client (no cluster, no kopf loop).
+
+Quiet when normal: a job deleted while it is being reconciled (404 on the status patch, or on creating its
+pods) is the job being gone: no warning, no traceback, no retry, no error counted. A real failure still is
+one. The client methods the fake sees are within what tests/operator_rights.py derives from the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import pytest
+from kopf._core.engines import posting
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kubetrain import handlers, metrics
+from kubetrain.kube import Kube
+from kubetrain.status import Scrape
+from tests.invalid_specs import base_job
+from tests.operator_rights import client_methods_used
+from tests.pods import pod
+
+Json = Any
+NAMESPACE = "team"
+KEY = (NAMESPACE, "valid")
+
+
+@dataclass
+class _Response:
+    data: bytes
+
+
+@dataclass
+class FakeCluster:
+    """The objects of one namespace, served as the client's methods would; ``faults`` replace a method."""
+
+    job: Json | None
+    pods: list[Json] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    faults: dict[str, Callable[[], None]] = field(default_factory=dict)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(name)
+        if name in self.faults:
+            self.faults[name]()
+        result = getattr(self, f"_{name}")(*args, **kwargs)
+        return _Response(json.dumps(result).encode()) if kwargs.get("_preload_content") is False else result
+
+    def _get_namespaced_custom_object(self, *args: Any, **_: Any) -> Json:
+        if self.job is None:
+            raise ApiException(status=404, reason="Not Found")
+        return self.job
+
+    def _patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> Json:
+        assert self.job is not None
+        body = args[-1]
+        self.job["status"] = {**self.job.get("status", {}), **body["status"]}
+        version = int(self.job["metadata"]["resourceVersion"]) + 1
+        self.job["metadata"]["resourceVersion"] = str(version)
+        return self.job
+
+    def _list_namespaced_pod(self, *_: Any, **__: Any) -> Json:
+        return {"items": self.pods}
+
+    def _create_namespaced_pod(self, _namespace: str, body: Json) -> None:
+        self.pods.append(copy.deepcopy(body))
+
+    def _create_namespaced_service(self, _namespace: str, _body: Json) -> None:
+        return None
+
+    def _delete_namespaced_pod(self, name: str, *_: Any, **__: Any) -> None:
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+
+
+class _Client:
+    """Stands for CoreV1Api or CustomObjectsApi: every method is recorded and served by the FakeCluster."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self._cluster.call(name, *args, **kwargs)
+
+
+def job_body(**status: Json) -> Json:
+    body = base_job()
+    body["metadata"] |= {"namespace": NAMESPACE, "uid": "uid-1", "generation": 1, "resourceVersion": "1"}
+    body["status"] = status
+    return body
+
+
+def gone(cluster: FakeCluster) -> Callable[[], None]:
+    """A fault: the job (and its namespace) is deleted just now, and the call finds nothing."""
+    def fault() -> None:
+        cluster.job = None
+        raise ApiException(status=404, reason="Not Found")
+    return fault
+
+
+@pytest.fixture
+def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
+    """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards."""
+    kube = Kube(client.Configuration(), threads=2)
+    caplog.set_level(logging.DEBUG)
+
+    def reconcile(cluster: FakeCluster) -> handlers.OperatorState:
+        kube._core = _Client(cluster)  # type: ignore[assignment]
+        kube._custom = _Client(cluster)  # type: ignore[assignment]
+
+        async def once() -> handlers.OperatorState:
+            posting.event_queue_loop_var.set(asyncio.get_running_loop())
+            posting.event_queue_var.set(asyncio.Queue())
+            posting.settings_var.set(kopf.OperatorSettings())
+            state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
+            await handlers._reconcile_measured(state, KEY, "job", logging.getLogger("kubetrain.test"))
+            return state
+
+        return asyncio.run(once())
+
+    yield reconcile
+    kube.close()
+
+
+def errors_counted() -> float:
+    return float(sum(metrics.RECONCILE_ERRORS.labels(handler=h)._value.get() for h in ("job", "pod", "timer")))
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+class TestDeletedWhileReconciling:
+    def test_404_on_the_status_patch_is_the_job_gone(self, run: Any, caplog: pytest.LogCaptureFixture) -> None:
+        cluster = FakeCluster(job_body())
+        cluster.faults["patch_namespaced_custom_object_status"] = gone(cluster)
+        before = errors_counted()
+        state = run(cluster)
+        assert warnings(caplog) == []
+        assert KEY not in state.due and KEY not in state.failures  # no retry
+        assert errors_counted() == before
+        assert cluster.calls.count("patch_namespaced_custom_object_status") == 1  # no second write of an error
+
+    def test_404_creating_pods_is_the_job_gone(self, run: Any, caplog: pytest.LogCaptureFixture) -> None:
+        cluster = FakeCluster(job_body())
+        cluster.faults["create_namespaced_pod"] = gone(cluster)  # the namespace was deleted
+        before = errors_counted()
+        state = run(cluster)
+        assert warnings(caplog) == []
+        assert KEY not in state.due and KEY not in state.failures
+        assert errors_counted() == before
+
+    def test_a_job_replaced_by_a_new_one_of_the_same_name_is_gone(self, run: Any,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+        cluster = FakeCluster(job_body())
+
+        def replaced() -> None:
+            cluster.job = job_body() | {"metadata": job_body()["metadata"] | {"uid": "uid-2"}}
+            raise ApiException(status=404, reason="Not Found")
+        cluster.faults["create_namespaced_pod"] = replaced
+        state = run(cluster)
+        assert warnings(caplog) == [] and KEY not in state.due
+
+    def test_a_failure_of_a_job_that_still_exists_is_still_retried(self, run: Any,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+        cluster = FakeCluster(job_body())
+
+        def unavailable() -> None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        cluster.faults["create_namespaced_pod"] = unavailable
+        before = errors_counted()
+        state = run(cluster)
+        assert KEY in state.due and state.failures[KEY] == 1
+        assert errors_counted() == before + 1
+        assert [r.levelno for r in warnings(caplog)] == [logging.WARNING]
+        assert cluster.job is not None
+        assert cluster.job["status"]["conditions"][-1]["reason"] == "ApiUnavailable"
+
+
+class TestScrape:
+    def test_rank_0_that_cannot_be_read_is_progress_unknown(self, run: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+        async def refused(*_: Any, **__: Any) -> Scrape:
+            return Scrape(error="connection refused")
+        monkeypatch.setattr(handlers, "fetch_progress", refused)
+        ready = [pod(i) for i in range(2)]
+        for p in ready:
+            p["metadata"]["labels"]["kubetrain.io/job-uid"] = "uid-1"
+            p["status"]["podIP"] = f"10.0.0.{p['metadata']['labels']['kubetrain.io/node-index']}"
+        status = {"phase": "Running", "attempt": 0, "restarts": 0, "startTime": "2026-11-01T10:00:00Z",
+                  "runningTime": "2020-01-01T00:00:00Z", "nodes": {"desired": 2}}
+        cluster = FakeCluster(job_body(**status), pods=ready)
+        run(cluster)
+        assert cluster.job is not None
+        known = next(c for c in cluster.job["status"]["conditions"] if c["type"] == "ProgressKnown")
+        assert known["status"] == "False" and known["reason"] == "ScrapeFailed"
+        assert "connection refused" in known["message"]
+        assert cluster.job["status"]["phase"] == "Running"  # silent for years, yet unknown is never a stall
+
+
+def test_the_client_methods_called_are_the_ones_derived_from_the_code(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    run(cluster)  # creates the Service and the pods
+    cluster.pods = [pod(0, "Failed", exit_code=1), pod(1)]
+    run(cluster)  # a gang restart deletes them
+    called = set(cluster.calls)
+    assert {"create_namespaced_pod", "delete_namespaced_pod", "patch_namespaced_custom_object_status"} <= called
+    assert called <= client_methods_used()
