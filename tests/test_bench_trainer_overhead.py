@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.gpu_gpt2 import (
     GPT2_124M,
@@ -113,9 +112,7 @@ def test_ratio_and_share_arithmetic() -> None:
 
 
 def _exposition(metrics: TrainerMetrics) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics)
-    return generate_latest(registry).decode()
+    return metrics.render()
 
 
 def test_phases_are_read_from_the_real_exposition() -> None:

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -174,6 +175,50 @@ def test_file_shards_are_read_once_per_epoch_across_ranks_and_dataloader_workers
     assert windows == sum(i + 1 for i in range(7))  # and once: file i has i + 1 whole windows
 
 
+def _per_sample_batches(loader: DataLoader[Any]) -> list[list[torch.Tensor]]:
+    return [[t.clone() for t in batch] for batch in loader]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batched_gathering_yields_exactly_the_per_sample_batches(drop_last: bool) -> None:
+    from kubetrain_trainer.data import build_loader
+    from kubetrain_trainer.tasks import ByteWindows
+
+    datasets = [TensorDataset(torch.arange(103 * 3).view(103, 3).float(), torch.arange(103)),
+                ByteWindows(torch.arange(250, dtype=torch.uint8), block=4)]
+    for dataset in datasets:
+        sampler = ResumableDistributedSampler(dataset, 2, 1, seed=5, drop_last=drop_last)
+        sampler.set_position(epoch=2, skip=6)
+        reference = _per_sample_batches(DataLoader(dataset, batch_size=8, sampler=sampler, drop_last=drop_last))
+        loader = build_loader(dataset, sampler, batch_size=8, workers=2, prefetch_factor=2, drop_last=drop_last,
+                              pin_memory=False)
+        assert loader.num_workers == 0  # in-memory: gathered in the training process
+        batched = _per_sample_batches(loader)  # type: ignore[arg-type]
+        assert len(batched) == len(reference) == len(loader)
+        for got, want in zip(batched, reference, strict=True):
+            assert all(torch.equal(g, w) and g.is_contiguous() for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(("workers", "drop_last"), [(0, True), (2, True), (2, False)])
+def test_file_shards_cut_the_same_batches_the_dataloader_would(tmp_path: Path, workers: int,
+                                                               drop_last: bool) -> None:
+    from kubetrain_trainer.data import build_loader
+
+    files = []
+    for i in range(5):
+        path = tmp_path / f"part-{i}.bin"
+        path.write_bytes(bytes(range(i, i + 200)) * (i + 1))
+        files.append(path)
+    dataset = ShardedFileDataset(files, window=16, rank=0, world=1, epoch=3)
+    reference = _per_sample_batches(DataLoader(dataset, batch_size=7, num_workers=workers, drop_last=drop_last))
+    loader = build_loader(dataset, None, batch_size=7, workers=workers, prefetch_factor=2, drop_last=drop_last,
+                          pin_memory=False)
+    batched = _per_sample_batches(loader)  # type: ignore[arg-type]
+    key = [[tuple(t.flatten().tolist()) for t in batch] for batch in batched]
+    # Workers interleave their batches in turn, as with per-sample loading: same batches, same order.
+    assert key == [[tuple(t.flatten().tolist()) for t in batch] for batch in reference]
+
+
 # --- devices, metrics -----------------------------------------------------------------------------------
 
 
@@ -199,7 +244,7 @@ def test_histogram_buckets_are_cumulative() -> None:
 
 
 def test_the_endpoint_serves_the_values_the_loop_set() -> None:
-    m = TrainerMetrics(rank=3, local_rank=1, world_size=4)
+    m = TrainerMetrics(rank=0, local_rank=0, world_size=4)
     m.step, m.total_steps, m.loss_last, m.checkpoint_last_step = 42, 100, 0.25, 40
     port = free_port_range(1)
     server = serve(m, port)
@@ -209,13 +254,50 @@ def test_the_endpoint_serves_the_values_the_loop_set() -> None:
         samples = scrape(port)
     finally:
         server.close()
-    assert samples["trainer_steps_total"] == [({"rank": "3", "local_rank": "1"}, 42.0)]
+    assert samples["trainer_steps_total"] == [({"rank": "0", "local_rank": "0"}, 42.0)]
     assert samples["trainer_total_steps"][0][1] == 100
     assert samples["trainer_loss_last"][0][1] == 0.25
     assert samples["trainer_checkpoint_last_step"][0][1] == 40
     assert samples["trainer_resumed_from_step"][0][1] == -1
     assert "trainer_eval_loss" not in samples  # no evaluation yet: absent rather than a made-up value
     assert not math.isnan(samples["trainer_world_size"][0][1])
+
+
+def test_other_ranks_serve_their_own_series_and_leave_the_job_wide_ones_to_rank_0() -> None:
+    m = TrainerMetrics(rank=3, local_rank=1, world_size=4, started=True, step=42, eval_loss=1.0,
+                       eval_metrics={"accuracy": 0.5})
+    m.step_duration.observe(0.2)
+    served = {line.split("{")[0] for line in m.render().splitlines() if not line.startswith("#")}
+    assert {"trainer_step", "trainer_world_size", "trainer_last_step_timestamp_seconds",
+            "trainer_step_phase_seconds_total", "trainer_step_duration_seconds_count",
+            "trainer_checkpoint_duration_seconds_count"} <= served
+    assert not served & {"trainer_steps_total", "trainer_loss_last", "trainer_loss_sum", "trainer_samples_total",
+                         "trainer_learning_rate", "trainer_eval_loss", "trainer_eval_metric", "trainer_total_steps"}
+    m.job_wide = True  # what report() asks for: a user program's ranks serve what they are told
+    assert "trainer_loss_last{" in m.render()
+
+
+def test_the_exposition_is_written_as_prometheus_client_writes_it() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+    from kubetrain_trainer.exposition import number, render_families
+
+    for v in (0, -1, 42, 0.1, 1e-9, 123456.0, 1234567.0, 1.2e6, 1e18, -1e18, math.inf, -math.inf, math.nan):
+        assert number(v) == __import__("prometheus_client.utils").utils.floatToGoString(v), v
+    gauge = GaugeMetricFamily("g", 'doc with \\ and\nnewline', labels=["b", "a"])
+    gauge.add_metric(["x", 'quote " back \\ nl \n'], 2.5)
+    counter = CounterMetricFamily("c", "a counter", labels=["a"])
+    counter.add_metric(["1"], 3.0)
+    info = InfoMetricFamily("i", "info (written by the reference writer)", value={"k": "v"})
+
+    class Collector:
+        def collect(self) -> list[object]:
+            return [gauge, counter, info]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())  # type: ignore[arg-type]
+    assert render_families([gauge, counter, info]) == generate_latest(registry).decode()
 
 
 # --- checkpoints (one process, no process group) --------------------------------------------------------

@@ -15,20 +15,49 @@ Map-style datasets
 Large data on a volume
     :class:`ShardedFileDataset` splits a directory of files across ``rank x DataLoader worker`` with
     :func:`assign_files`, each reader streaming only its files.
+
+Batched fetching
+    Indexing a sample at a time and stacking the samples (the DataLoader's default collate) costs a Python
+    call and a small tensor per sample: with in-memory data that is most of what loading costs. Datasets
+    that can gather a whole batch at once (a ``TensorDataset``, or any map-style dataset with
+    ``get_batch(indices: LongTensor) -> batch``) are therefore read through :class:`BatchIndexed`, one
+    gather per tensor per batch, in exactly the order per-sample loading would give; a
+    :class:`ShardedFileDataset` cuts its batches itself. A task's own ``collate_fn`` turns this off.
+
+    In-memory data (a ``TensorDataset``, or a ``get_batch`` dataset with ``in_memory = True``) is gathered in
+    the training process by a :class:`GatherLoader`, even when ``data.workers`` asks for workers: the gather
+    takes tens of microseconds, while handing a batch over from a worker process (shared memory, a file
+    descriptor, unpickling) costs the training loop about a millisecond per batch, and a DataLoader's own
+    bookkeeping another 80 us, which together were most of its data wait. Workers still load the other
+    datasets (per-sample ones, ``get_batch`` ones that read or decode, file shards).
 """
 
 from __future__ import annotations
 
 import math
+import queue
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    TensorDataset,
+    get_worker_info,
+)
 
 __all__ = [
+    "BatchIndexed",
+    "GatherLoader",
+    "Loader",
     "ResumableDistributedSampler",
     "ShardedFileDataset",
     "assign_files",
@@ -42,21 +71,33 @@ T = TypeVar("T")
 
 def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     """The global order of one epoch: identical on every rank and for every world size."""
+    return _epoch_order(n, seed, epoch, shuffle).tolist()
+
+
+def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     if not shuffle:
-        return list(range(n))
+        return torch.arange(n)
     g = torch.Generator()
     g.manual_seed(seed + epoch)
-    return torch.randperm(n, generator=g).tolist()
+    return torch.randperm(n, generator=g)
 
 
-def rank_positions(order: Sequence[int], skip: int, world: int, rank: int, drop_last: bool) -> list[int]:
-    """This rank's indices: ``order`` minus its first ``skip`` entries, evened out and dealt round-robin."""
-    rest = list(order[skip:])
+S = TypeVar("S", list[int], torch.Tensor)
+
+
+def rank_positions(order: S, skip: int, world: int, rank: int, drop_last: bool) -> S:
+    """This rank's indices: ``order`` minus its first ``skip`` entries, evened out and dealt round-robin.
+
+    ``order`` is a list, or a tensor (the loader's form: no round trip through Python ints).
+    """
+    rest = order[skip:]
     if drop_last:
         rest = rest[: len(rest) - len(rest) % world]
-    elif rest and len(rest) % world:
+    elif len(rest) and len(rest) % world:
         pad = world - len(rest) % world
-        rest += (rest * math.ceil(pad / len(rest)))[:pad]
+        repeats = math.ceil(pad / len(rest))
+        rest = (torch.cat([rest, rest.repeat(repeats)[:pad]]) if isinstance(rest, torch.Tensor)
+                else rest + (rest * repeats)[:pad])
     return rest[rank::world]
 
 
@@ -76,12 +117,13 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         self.set_epoch(epoch)
         self.skip = skip
 
-    def _indices(self) -> list[int]:
-        order = epoch_permutation(len(self.dataset), self.seed, self.epoch, self.shuffle)  # type: ignore[arg-type]
-        return rank_positions(order, self.skip, self.num_replicas, self.rank, self.drop_last)
+    def index_tensor(self) -> torch.Tensor:
+        """This rank's indices for the current position, in order, as one tensor."""
+        order = _epoch_order(len(self.dataset), self.seed, self.epoch, self.shuffle)  # type: ignore[arg-type]
+        return rank_positions(order, self.skip, self.num_replicas, self.rank, self.drop_last).contiguous()
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._indices())
+        return iter(self.index_tensor().tolist())
 
     def __len__(self) -> int:
         remaining = len(self.dataset) - self.skip  # type: ignore[arg-type]
@@ -97,25 +139,155 @@ def _worker_init(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+class BatchIndexed(Dataset[Any]):
+    """A map-style view of ``dataset`` whose item is a whole batch: ``self[indices]`` gathers ``indices`` once
+    per tensor (what the DataLoader asks for when its sampler yields lists of indices)."""
+
+    def __init__(self, dataset: Dataset[Any]) -> None:
+        self.dataset = dataset
+
+    @staticmethod
+    def supports(dataset: Dataset[Any]) -> bool:
+        return isinstance(dataset, TensorDataset) or callable(getattr(dataset, "get_batch", None))
+
+    @staticmethod
+    def in_memory(dataset: Dataset[Any]) -> bool:
+        """Whether a batch is a gather from memory, cheaper inline than handed over by a worker process."""
+        return isinstance(dataset, TensorDataset) or (BatchIndexed.supports(dataset)
+                                                       and getattr(dataset, "in_memory", False) is True)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, indices: list[int]) -> Any:
+        return self.gather(torch.tensor(indices, dtype=torch.long))
+
+    def gather(self, index: torch.Tensor) -> Any:
+        if isinstance(self.dataset, TensorDataset):
+            # index_select copies whole rows; t[index] computes an offset per element (2-4x slower here).
+            return tuple(t.index_select(0, index) for t in self.dataset.tensors)
+        return self.dataset.get_batch(index)  # type: ignore[attr-defined]
+
+
+class GatherLoader:
+    """Batches of an in-memory dataset without a DataLoader: the epoch's indices (from the sampler) as one
+    tensor, sliced per batch and gathered at once, ``prefetch`` batches ahead on a thread (torch's gathers
+    release the GIL, so they overlap the step); pinned on GPU so that the copy to the device is async."""
+
+    num_workers = 0
+
+    def __init__(self, dataset: Dataset[Any], sampler: ResumableDistributedSampler, *, batch_size: int,
+                 drop_last: bool, pin_memory: bool, prefetch: int = 2) -> None:
+        self.dataset, self.sampler = dataset, sampler
+        self.fetch = BatchIndexed(dataset)
+        self.batch_size, self.drop_last, self.pin_memory, self.prefetch = batch_size, drop_last, pin_memory, prefetch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = self._batches(self.sampler.index_tensor())
+        return _read_ahead(batches, self.prefetch) if self.prefetch > 0 else batches
+
+    def _batches(self, order: torch.Tensor) -> Iterator[Any]:
+        b = self.batch_size
+        end = len(order) - len(order) % b if self.drop_last else len(order)
+        for start in range(0, end, b):
+            batch = self.fetch.gather(order[start : start + b])
+            yield _pinned(batch) if self.pin_memory else batch
+
+
+_END: Final = object()
+
+
+def _read_ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """``items``, produced up to ``depth`` ahead by a daemon thread that stops when the consumer does."""
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False  # the consumer went away (end of training, or an error): drop the rest
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there with its traceback
+            put(_Failed(error))
+            return
+        put(_END)
+
+    thread = threading.Thread(target=produce, name="batch-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _END:
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)  # never leave it inside a torch op while the interpreter shuts down
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+def _pinned(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, tuple | list):
+        return type(batch)(_pinned(v) for v in batch)
+    if isinstance(batch, dict):
+        return {k: _pinned(v) for k, v in batch.items()}
+    return batch
+
+
+Loader = DataLoader[Any] | GatherLoader
+
+
 def build_loader(
     dataset: Dataset[Any], sampler: ResumableDistributedSampler | None, *, batch_size: int, workers: int,
     prefetch_factor: int, drop_last: bool, pin_memory: bool, collate_fn: Callable[[list[Any]], Any] | None = None,
-) -> DataLoader[Any]:
-    """A DataLoader tuned for training: worker processes kept across epochs, pinned memory on GPU."""
+) -> Loader:
+    """A loader tuned for training: whole batches fetched at once, workers kept, pinned memory on GPU."""
+    batched = collate_fn is None and sampler is not None and BatchIndexed.supports(dataset)
+    if batched and BatchIndexed.in_memory(dataset):
+        assert sampler is not None
+        return GatherLoader(dataset, sampler, batch_size=batch_size, drop_last=drop_last, pin_memory=pin_memory,
+                            prefetch=prefetch_factor)
     extra: dict[str, Any] = {}
     if workers > 0:
         # Persistent workers avoid re-forking (and re-importing) every epoch; prefetch keeps the GPU fed. Not
         # for iterable datasets: their workers hold copies that would never see set_epoch.
         extra = {"persistent_workers": not isinstance(dataset, IterableDataset), "prefetch_factor": prefetch_factor,
                  "worker_init_fn": _worker_init}
+    # batch_size None: the loader neither batches nor collates; each item it fetches is already a batch.
+    items: Dataset[Any] = dataset
+    keys: Any = sampler
+    loader_batch: int | None = batch_size
+    if collate_fn is None and isinstance(dataset, ShardedFileDataset):
+        items, keys, loader_batch = dataset.batched(batch_size, drop_last), None, None
+    elif batched and sampler is not None:
+        # The same index lists the loader's own batching would make from this sampler (same order, same tail).
+        items, keys, loader_batch = BatchIndexed(dataset), BatchSampler(sampler, batch_size, drop_last), None
     return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
+        items,
+        batch_size=loader_batch,
+        sampler=keys,
         num_workers=workers,
-        # Pinned host memory makes .to(device, non_blocking=True) a real async copy.
+        # Pinned host memory makes .to(device, non_blocking=True) a real async copy; on CPU it is only a cost.
         pin_memory=pin_memory,
-        drop_last=drop_last,
+        drop_last=drop_last and loader_batch is not None,
         collate_fn=collate_fn,
         **extra,
     )
@@ -133,27 +305,57 @@ class ShardedFileDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     For data too big for a map-style dataset: each (rank, DataLoader worker) reads its own files, so no
     file is read twice per epoch. Ranks may get unequal sample counts with this dataset; the training loop
-    therefore equalises step counts (it stops every rank at the planned step).
+    therefore equalises step counts (it stops every rank at the planned step). With a ``batch_size``
+    (see :meth:`batched`) it yields whole batches, cut from each file with one view, carrying the
+    remainder into the next file as the DataLoader's own batching would.
     """
 
-    def __init__(self, files: Sequence[Path], window: int, rank: int, world: int, epoch: int = 0) -> None:
+    def __init__(  # noqa: PLR0917 - the original four, then the batching that build_loader sets
+        self, files: Sequence[Path], window: int, rank: int, world: int, epoch: int = 0,
+        batch_size: int | None = None, drop_last: bool = True,
+    ) -> None:
         self.files = sorted(files)
         self.window = window
         self.rank = rank
         self.world = world
         self.epoch = epoch
+        self.batch_size = batch_size
+        self.drop_last = drop_last
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batched(self, batch_size: int, drop_last: bool) -> ShardedFileDataset:
+        """A copy that yields batches of ``batch_size`` windows (the last partial one unless ``drop_last``)."""
+        return ShardedFileDataset(self.files, self.window, self.rank, self.world, self.epoch, batch_size, drop_last)
+
+    def _windows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each of this reader's files, in this epoch's order, as (inputs, targets) of shape [n, window]."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         mine = assign_files(self.files, self.rank, self.world, worker, workers)
         g = torch.Generator()
         g.manual_seed(self.epoch)  # a new file order every epoch
+        w = self.window
         for i in torch.randperm(len(mine), generator=g).tolist():
             data = torch.frombuffer(bytearray(mine[i].read_bytes()), dtype=torch.uint8)
-            for start in range(0, len(data) - self.window, self.window):
-                chunk = data[start : start + self.window + 1].long()
-                yield chunk[:-1], chunk[1:]  # inputs and next-byte targets
+            n = max((len(data) - 1) // w, 0)  # whole windows that still have a next byte after them
+            yield data[: n * w].view(n, w), data[1 : n * w + 1].view(n, w)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.batch_size is None:
+            for x, y in self._windows():
+                for row in range(len(x)):
+                    yield x[row].long(), y[row].long()  # copies: a sample never drags its file along
+            return
+        b = self.batch_size
+        carry_x = carry_y = torch.empty(0, self.window, dtype=torch.uint8)
+        for file_x, file_y in self._windows():
+            x, y = (torch.cat([carry_x, file_x]), torch.cat([carry_y, file_y])) if len(carry_x) else (file_x, file_y)
+            full = len(x) - len(x) % b
+            for start in range(0, full, b):
+                # .long() copies: a batch sent from a worker then carries its own bytes, not the whole file.
+                yield x[start : start + b].long(), y[start : start + b].long()
+            carry_x, carry_y = x[full:], y[full:]
+        if len(carry_x) and not self.drop_last:
+            yield carry_x.long(), carry_y.long()

@@ -21,11 +21,11 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from .checkpoint import Checkpointer, TrainState
 from .config import Config, ConfigError
-from .data import ResumableDistributedSampler, build_loader
+from .data import Loader, ResumableDistributedSampler, build_loader
 from .distributed import DistContext
 from .gpu import peak_flops
 from .metrics import TrainerMetrics
@@ -37,6 +37,8 @@ __all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFi
 EXIT_STOPPED: Final = 143  # 128 + SIGTERM: stopped on request, checkpoint saved; not a crash
 EXIT_NONFINITE: Final = 4
 MAX_CONSECUTIVE_NONFINITE: Final = 5  # skipped steps in a row (NaN/inf loss or gradient) before failing
+# fp16: the GradScaler's overflow skips do not count toward that limit while its scale is at least this.
+MIN_CALIBRATING_SCALE: Final = 1.0
 # Test hook: "STEP" or "STEP:RANK" makes that rank SIGKILL itself after STEP, in the first torchrun
 # attempt only (TORCHELASTIC_RESTART_COUNT == 0), to prove kill-and-resume without timing races.
 KILL_AT_STEP_ENV: Final = "KUBETRAIN_TEST_KILL_AT_STEP"
@@ -72,7 +74,7 @@ class Batches:
     never leaves its peers waiting in a collective.
     """
 
-    loader: DataLoader[Any]
+    loader: Loader
     sampler: ResumableDistributedSampler | None
     global_batch: int  # samples per micro-step over all ranks
     dataset_len: int
@@ -87,6 +89,14 @@ class Batches:
             if callable(set_epoch):
                 set_epoch(self.state.epoch)
         self._it = iter(self.loader)
+
+    def close(self) -> None:
+        """End the epoch's iterator now (its read-ahead thread or DataLoader workers), not at garbage collection."""
+        it, self._it = self._it, None
+        for name in ("close", "_shutdown_workers"):  # a generator's, a multi-process DataLoader iterator's
+            stop = getattr(it, name, None)
+            if callable(stop):
+                stop()
 
     def next(self) -> Any:
         if self._it is None:
@@ -113,9 +123,7 @@ def plan_total_steps(max_steps: int | None, epochs: int | None, batches_per_epoc
     return max(epochs * batches_per_epoch // accumulation, 1)
 
 
-def evaluate(
-    model: nn.Module, task: Task, loader: DataLoader[Any], ctx: DistContext, precision: str
-) -> dict[str, float]:
+def evaluate(model: nn.Module, task: Task, loader: Loader, ctx: DistContext, precision: str) -> dict[str, float]:
     """Mean of each eval metric over the whole held-out set (sums and counts all-reduced)."""
     if task.eval_fn is None:
         return {}
@@ -156,7 +164,10 @@ class Trainer:
 
     def __init__(self, cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> None:
         self.cfg, self.tc, self.ctx, self.task, self.metrics, self.stop = cfg, cfg.trainer, ctx, task, metrics, stop
-        self.raw_model = wrap_model(task.model, self.tc, ctx, task.shard_units)
+        # DDP's static graph cannot skip the gradient sync (no_sync) of accumulation micro-steps (an internal
+        # assert), and is left out under torch.compile, whose DDP graph splitting it was not tested with.
+        static = task.static_graph and self.tc.grad_accumulation == 1 and not self.tc.compile
+        self.raw_model = wrap_model(task.model, self.tc, ctx, task.shard_units, static)
         self.optimizer = build_optimizer(self.raw_model, self.tc.optimizer, ctx.device)
         # The compiled module runs the steps; the uncompiled wrapper keeps the plain names checkpoints use.
         self.model: nn.Module = (torch.compile(self.raw_model) if self.tc.compile  # type: ignore[assignment]
@@ -214,7 +225,7 @@ class Trainer:
         self.total = plan_total_steps(tc.max_steps, tc.epochs, self.batches_per_epoch, tc.grad_accumulation)
         # For an iterable dataset the position is not tracked (dataset_len 0): it resumes at its epoch start.
         self.stream = Batches(loader, sampler, tc.batch_size * ctx.world_size, train_len, self.state)
-        self.eval_loader: DataLoader[Any] | None = None
+        self.eval_loader: Loader | None = None
         if task.eval_dataset is not None and task.eval_fn is not None:
             # Padded (drop_last False) so that every rank runs as many eval batches: FSDP needs it.
             eval_sampler = ResumableDistributedSampler(task.eval_dataset, ctx.world_size, ctx.rank, 0,
@@ -232,7 +243,8 @@ class Trainer:
         if self.ctx.is_main:
             log_json("start", total_steps=self.total, step=state.step, world_size=self.ctx.world_size,
                      strategy=self.tc.strategy, device=str(self.ctx.device),
-                     batches_per_epoch=self.batches_per_epoch, samples_per_step=self.samples_per_step)
+                     batches_per_epoch=self.batches_per_epoch, samples_per_step=self.samples_per_step,
+                     data_workers=self.stream.loader.num_workers, threads=torch.get_num_threads())
         self.model.train()
         self.stop.install()
         consecutive_bad = 0
@@ -242,8 +254,9 @@ class Trainer:
             result = self._forward_backward()
             t_opt = time.monotonic()
             if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):
-                consecutive_bad += 1
-                self._skip_step(result, consecutive_bad)
+                calibrating = self._scaler_overflow(result)
+                consecutive_bad += 0 if calibrating else 1
+                self._skip_step(result, consecutive_bad, counted=not calibrating)
                 continue
             consecutive_bad = 0
             lr = self._optimizer_step()
@@ -289,10 +302,26 @@ class Trainer:
         loss_val, stop_votes, grad_norm = packed.tolist()  # the step's one CPU-GPU synchronisation
         return StepResult(loss_val / world, grad_norm / world, stop_votes > 0, data_s, fb_s)
 
-    def _skip_step(self, result: StepResult, consecutive: int) -> None:
-        """Drop a NaN/inf update (the weights stay finite), count it, fail after too many in a row."""
+    def _scaler_overflow(self, result: StepResult) -> bool:
+        """An fp16 GradScaler's normal overflow: a finite loss, inf/NaN gradients, and a scale it can still halve.
+
+        The scaler starts at 2**16 and halves after each overflow until gradients fit in fp16; those skipped
+        steps are its calibration (and, later, one every few thousand steps), not a diverging job. Below a
+        scale of 1 the gradients overflow unscaled: that counts again.
+        """
+        return (self.scaler.is_enabled() and math.isfinite(result.loss)
+                and self.scaler.get_scale() >= MIN_CALIBRATING_SCALE)
+
+    def _skip_step(self, result: StepResult, consecutive: int, *, counted: bool = True) -> None:
+        """Drop a NaN/inf update (the weights stay finite); count it and fail after too many in a row, unless
+        it is the fp16 scaler's overflow (not ``counted``), whose update() just halved the scale."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.update()
+        if not counted:
+            if self.ctx.is_main:
+                log_json("grad_scaler_overflow", step=self.state.step, loss=result.loss,
+                         scale=self.scaler.get_scale())
+            return
         self.metrics.nonfinite_total += 1
         if self.ctx.is_main:
             log_json("nonfinite", step=self.state.step, loss=result.loss, grad_norm=result.grad_norm,
@@ -365,7 +394,11 @@ class Trainer:
 
 def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> int:
     """Run the job's training on this process; returns 0 or :data:`EXIT_STOPPED`."""
-    return Trainer(cfg, ctx, task, metrics, stop).run()
+    trainer = Trainer(cfg, ctx, task, metrics, stop)
+    try:
+        return trainer.run()
+    finally:
+        trainer.stream.close()
 
 
 def _record(m: TrainerMetrics, state: TrainState, result: StepResult, *, lr: float, step_s: float,

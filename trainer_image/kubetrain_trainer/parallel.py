@@ -32,8 +32,13 @@ def lr_at(step: int, base_lr: float, warmup: int, total: int, min_ratio: float) 
     return base_lr * (min_ratio + (1.0 - min_ratio) * coeff)
 
 
-def wrap_model(model: nn.Module, cfg: TrainerConfig, ctx: DistContext, shard_units: Sequence[nn.Module]) -> nn.Module:
-    """Place the model on its device and wrap it for data parallelism."""
+def wrap_model(model: nn.Module, cfg: TrainerConfig, ctx: DistContext, shard_units: Sequence[nn.Module],
+               static_graph: bool = False) -> nn.Module:
+    """Place the model on its device and wrap it for data parallelism.
+
+    ``static_graph``: the task promises the same parameters are used in the same order every step (true of
+    the built-in models, unknown for a user's); DDP then stops tracking unused parameters and bucket order.
+    """
     model.to(ctx.device)
     if cfg.strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -50,7 +55,7 @@ def wrap_model(model: nn.Module, cfg: TrainerConfig, ctx: DistContext, shard_uni
         return model
     # gradient_as_bucket_view: gradients alias DDP's communication buckets, saving a copy and memory.
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True, static_graph=static_graph)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -57,7 +57,8 @@ class Reporter:
         self.env = env
         local_rank = int(env.get("LOCAL_RANK", "0"))
         self.metrics = TrainerMetrics(rank=int(env.get("RANK", "0")), local_rank=local_rank,
-                                      world_size=int(env.get("WORLD_SIZE", "1")), unreported=UNREPORTED)
+                                      world_size=int(env.get("WORLD_SIZE", "1")), unreported=UNREPORTED,
+                                      job_wide=True)  # a program's ranks serve what they are told, each
         base = RunEnv.from_env(env).metrics_port
         self.port = base + local_rank if base > 0 else 0
         self.rate_window_seconds = rate_window_seconds

@@ -18,7 +18,12 @@ optional eval datasets, and ``loss_fn(model, batch) -> scalar tensor``; the trai
 the batch to the device, wraps the model for DDP/FSDP, shards the data, checkpoints, and reports metrics.
 Optional: ``eval_fn(model, batch) -> {name: (sum, count)}`` (averaged over all ranks), ``collate_fn``,
 ``tokens_per_sample`` and ``flops_per_sample`` (for throughput and MFU), ``shard_units`` (the submodules
-that FSDP shards one by one, e.g. transformer blocks). Users who bring a whole script use ``command:`` in the
+that FSDP shards one by one, e.g. transformer blocks), ``static_graph`` (True when every step uses the same
+parameters in the same order: DDP then skips re-checking its buckets each step). Without a ``collate_fn``, a
+``TensorDataset`` or a dataset with ``get_batch(indices: LongTensor) -> batch`` is read a whole batch per
+gather instead of a sample at a time (:mod:`kubetrain_trainer.data`), which is much cheaper for in-memory data;
+such a dataset gathered from memory (a ``TensorDataset``, or ``in_memory = True`` on the class) is read in the
+training process, without DataLoader workers. Users who bring a whole script use ``command:`` in the
 TrainingJob instead; then this package is not involved.
 """
 
@@ -71,6 +76,7 @@ class Task:
     tokens_per_sample: int = 0
     flops_per_sample: float = 0.0
     shard_units: list[nn.Module] = field(default_factory=list)
+    static_graph: bool = False  # True: the same parameters in the same order every step (see DDP)
 
 
 def _opt_int(options: Mapping[str, str], key: str, default: int) -> int:
@@ -146,6 +152,7 @@ def digits_task(ctx: TaskContext) -> Task:
         loss_fn=classification_loss,
         eval_fn=classification_eval,
         flops_per_sample=6.0 * sum(p.numel() for p in model.parameters()),
+        static_graph=True,
     )
 
 
@@ -168,6 +175,7 @@ def synthetic_task(ctx: TaskContext) -> Task:
         loss_fn=classification_loss,
         eval_fn=classification_eval,
         flops_per_sample=6.0 * sum(p.numel() for p in model.parameters()),
+        static_graph=True,
     )
 
 
@@ -191,6 +199,8 @@ def stdlib_corpus(limit: int) -> bytes:
 class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Non-overlapping windows of ``block`` bytes with next-byte targets."""
 
+    in_memory = True  # get_batch is a gather from memory: cheaper in the training process than from a worker
+
     def __init__(self, data: torch.Tensor, block: int) -> None:
         self.data = data
         self.block = block
@@ -201,6 +211,11 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         chunk = self.data[i * self.block : (i + 1) * self.block + 1].long()
         return chunk[:-1], chunk[1:]
+
+    def get_batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Windows ``indices`` as one [batch, block] gather each (:class:`~kubetrain_trainer.data.BatchIndexed`)."""
+        windows = self.data.unfold(0, self.block + 1, self.block).index_select(0, indices)  # [batch, block + 1]
+        return windows[:, :-1].long().contiguous(), windows[:, 1:].long().contiguous()
 
 
 def lm_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -253,6 +268,7 @@ def gpt_task(ctx: TaskContext) -> Task:
         tokens_per_sample=cfg.block_size,
         flops_per_sample=gpt_flops_per_token(cfg, n_params) * cfg.block_size,
         shard_units=list(model.blocks),
+        static_graph=True,
     )
 
 
