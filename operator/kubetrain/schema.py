@@ -14,12 +14,12 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import celpy
-import jsonschema
 import yaml
-from celpy.adapter import json_to_cel
+
+if TYPE_CHECKING:
+    import jsonschema
 
 __all__ = ["Problem", "apply_defaults", "crd", "crd_schema", "field_problems", "validate_object"]
 
@@ -139,6 +139,9 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
 
 
 def _schema_problems(schema: Mapping[str, Json], value: Json) -> Iterator[Problem]:
+    # Imported here: the operator never validates (the API server did), and it is a few MiB it need not hold.
+    import jsonschema
+
     # The CRD schema is OpenAPI 3.0, whose keywords (boolean exclusiveMinimum) are draft 4's.
     validator = jsonschema.Draft4Validator(schema)
     for error in validator.iter_errors(value):
@@ -192,23 +195,25 @@ def _quantity(text: Json) -> Decimal:
     return Decimal(number) * _SUFFIXES[suffix]
 
 
-_QUANTITY_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "quantity": _quantity,
-    "isGreaterThan": lambda left, right: celpy.celtypes.BoolType(left > right),
-    "isLessThan": lambda left, right: celpy.celtypes.BoolType(left < right),
-    "sign": lambda value: celpy.celtypes.IntType((value > 0) - (value < 0)),
-}
-
-
 @functools.cache
 def _program(rule: str) -> Any:
+    import celpy  # the CLI's check only; the operator never loads the CEL interpreter (about 5 MiB)
+
+    quantity_functions: dict[str, Callable[..., Any]] = {
+        "quantity": _quantity,
+        "isGreaterThan": lambda left, right: celpy.celtypes.BoolType(left > right),
+        "isLessThan": lambda left, right: celpy.celtypes.BoolType(left < right),
+        "sign": lambda value: celpy.celtypes.IntType((value > 0) - (value < 0)),
+    }
     environment = celpy.Environment()
-    return environment.program(environment.compile(rule), functions=_QUANTITY_FUNCTIONS)
+    return environment.program(environment.compile(rule), functions=quantity_functions)
 
 
 def _cel_problems(
     schema: Mapping[str, Json], value: Json, old: Json, where: list[str | int]
 ) -> Iterator[Problem]:
+    from celpy.adapter import json_to_cel
+
     for validation in schema.get("x-kubernetes-validations", []):
         rule = validation["rule"]
         is_transition = "oldSelf" in rule
