@@ -286,6 +286,8 @@ def _assert_kubetrain_logs(lab: Lab, namespace: str, failure: Json, following: s
     for attempt_output in followed.split("--- attempt 1 ---"):
         ranks = _ranks_by_node(attempt_output)
         assert sorted(ranks) == ["node-0", "node-1"] and set().union(*ranks.values()) == {0, 1, 2, 3}, ranks
+        # torchrun orders nodes by FQDN, so pod 0 holds rank 0, the one that serves the job-wide series.
+        assert 0 in ranks["node-0"], ranks
     current = _output(_kubetrain_logs(lab, namespace, "digits"))
     assert '"step"' in current and set().union(*_ranks_by_node(current).values()) == {0, 1, 2, 3}
     only_rank_3 = _output(_kubetrain_logs(lab, namespace, "digits", "--rank", "3"))

@@ -1,7 +1,8 @@
 """Training progress from the trainer's Prometheus endpoint (rank 0 of pod 0).
 
-The trainer all-reduces its loss and keeps one global step counter, so any rank's endpoint speaks
-for the whole job; the operator reads local rank 0 of pod 0 (port api.METRICS_PORT).
+Global rank 0 serves the job-wide series (all-reduced loss, the global step, samples); torchrun orders the
+nodes of a rendezvous by FQDN, so pod 0's local rank 0 is global rank 0, and the operator reads it there
+(port api.METRICS_PORT).
 The page comes from the user's program and is not trusted: a value that is NaN, infinite, negative or
 absurd is left out (see status.in_range), and a page that does not parse is a failed scrape.
 """
