@@ -5,14 +5,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from kubetrain.ports import free_port_range
+from kubetrain_trainer import checkpoint as checkpoint_module
 from kubetrain_trainer.checkpoint import Checkpointer, TrainState, list_checkpoints
 from kubetrain_trainer.config import ConfigError, RunEnv, load_config, parse_config
 from kubetrain_trainer.data import (
@@ -331,6 +334,49 @@ def test_checkpoints_are_atomic_keep_the_newest_and_restore_weights_and_position
     for key, tensor in fresh.state_dict().items():
         assert torch.equal(tensor, saved[key]), key
     assert fresh_opt.state_dict()["state"][0]["step"] == 3  # AdamW's moments came back too
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_resave_of_the_same_step_keeps_the_complete_one_with_no_window(tmp_path: Path) -> None:
+    """A resumed attempt saving the step it resumed from: the existing checkpoint is never removed first."""
+    ckpt = Checkpointer(tmp_path, keep=1, rank=0, world_size=1)
+    ckpt.prepare()
+    model, opt = _model_and_optimizer()
+    ckpt.save(model, opt, TrainState(step=5, world_size=1, seed=1))
+    (_, first), = list_checkpoints(tmp_path)
+    marker = (first / "trainer_state.json").stat().st_ino
+    removed: list[str] = []
+    real_rmtree = shutil.rmtree
+    def watching_rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        removed.append(Path(path).name)
+        real_rmtree(path, *args, **kwargs)
+    with mock.patch("kubetrain_trainer.checkpoint.shutil.rmtree", watching_rmtree):
+        ckpt.save(model, opt, TrainState(step=5, world_size=1, seed=2))
+    assert "step_000000005" not in removed and removed and removed[0].startswith(".tmp-step_000000005-")
+    (_, kept), = list_checkpoints(tmp_path)
+    assert (kept / "trainer_state.json").stat().st_ino == marker, "the first save of step 5 stays in place"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_every_save_writes_into_a_directory_of_its_own(tmp_path: Path) -> None:
+    """A straggler of an older attempt that still writes `.tmp-step_N...` cannot mix into this save."""
+    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1)
+    ckpt.prepare()
+    straggler = tmp_path / ".tmp-step_000000010"
+    model, opt = _model_and_optimizer()
+    scratch: list[Path] = []
+    real_save = checkpoint_module.dcp_save  # type: ignore[attr-defined]
+    def recording_save(state: Any, checkpoint_id: Path) -> Any:
+        scratch.append(Path(checkpoint_id))
+        straggler.mkdir(exist_ok=True)  # the straggler's own writes, under the old fixed name
+        (straggler / "junk.distcp").write_text("old attempt")
+        return real_save(state, checkpoint_id=checkpoint_id)
+    with mock.patch("kubetrain_trainer.checkpoint.dcp_save", recording_save):
+        ckpt.save(model, opt, TrainState(step=10, world_size=1))
+        ckpt.save(model, opt, TrainState(step=20, world_size=1))
+    assert len({p.name for p in scratch}) == 2 and all(p != straggler for p in scratch)
+    assert not (tmp_path / "step_000000010" / "junk.distcp").exists()
 
 
 # --- built-in tasks -------------------------------------------------------------------------------------

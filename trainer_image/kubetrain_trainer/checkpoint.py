@@ -6,11 +6,15 @@ Layout under the checkpoint path (a volume shared by every pod of the job)::
         .metadata, *.distcp     model + optimizer (DCP: each rank writes its shards, replicas written once)
         rng/rank<r>.pt          this rank's RNG states (used when the world size is unchanged)
         trainer_state.json      step, epoch, data position, counters; written last
-    .tmp-step_000000300/       a save in progress (removed at the next start)
+    .tmp-step_000000300-<id>/  a save in progress (removed at the next start)
 
-Atomicity: every rank writes into ``.tmp-step_N``; after a barrier rank 0 writes ``trainer_state.json``,
-fsyncs it and renames the directory to ``step_N`` (one atomic rename on POSIX), so a reader sees a complete
-checkpoint or none. Only directories named ``step_N`` that hold both ``.metadata`` and
+Atomicity: every rank writes into ``.tmp-step_N-<id>``, a directory whose random id rank 0 picks for this save
+alone, so a straggler of an earlier attempt (a pod on a lost node that still runs) never writes into it;
+after a barrier rank 0 writes ``trainer_state.json``, fsyncs it and renames the directory to ``step_N``
+(one atomic rename on POSIX), so a reader sees a complete checkpoint or none. A complete ``step_N`` is never
+removed to make room for a new one of the same step (a resumed attempt saving the step it resumed from):
+the new one is dropped instead, so no crash can leave the job without its newest checkpoint.
+Only directories named ``step_N`` that hold both ``.metadata`` and
 ``trainer_state.json`` count as valid. The newest ``keep`` are kept.
 
 World-size independence: DCP stores tensors by fully-qualified name with their global shape, and
@@ -27,6 +31,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -124,10 +129,8 @@ class Checkpointer:
         """Write checkpoint ``step_<state.step>``; returns the seconds it took."""
         start = time.monotonic()
         name = f"step_{state.step:09d}"
-        tmp = self.root / f".tmp-{name}"
+        tmp = self._scratch_dir(name)
         if self.rank == 0:
-            if tmp.exists():
-                shutil.rmtree(tmp)
             (tmp / "rng").mkdir(parents=True)
         self._barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -140,15 +143,28 @@ class Checkpointer:
                 json.dump(asdict(state), fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-            final = self.root / name
-            if final.exists():  # a re-save of the same step after a resume: replace it whole
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync_dir(self.root)
+            self._publish(tmp, self.root / name)
             for _, old in list_checkpoints(self.root)[: -self.keep]:
                 shutil.rmtree(old)
         self._barrier()
         return time.monotonic() - start
+
+    def _scratch_dir(self, name: str) -> Path:
+        """A directory only this save writes into: rank 0 names it, and every rank learns the name."""
+        choice = [f".tmp-{name}-{uuid.uuid4().hex[:12]}" if self.rank == 0 else None]
+        if dist.is_initialized() and self.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return self.root / str(choice[0])
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """Rename the finished save into place (rank 0); an existing complete save of the step stays."""
+        if any(path == final for _, path in list_checkpoints(self.root)):
+            shutil.rmtree(tmp)  # the same step, resumed from it: same state, and no window without it
+            return
+        if final.exists():  # incomplete: not a checkpoint (list_checkpoints skips it), safe to replace
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
 
     def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
         """Restore ``path`` into ``model`` and ``optimizer`` (re-sharded onto this world)."""
