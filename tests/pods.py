@@ -21,6 +21,7 @@ def pod(
     reason: str | None = None,
     pod_reason: str | None = None,
     disrupted: bool = False,
+    disruption_reason: str = "EvictionByEvictionAPI",
     scheduled: bool = True,
     deleting: str | None = None,
     finished_at: str = "2026-11-01T10:05:00Z",
@@ -35,7 +36,7 @@ def pod(
     if phase == "Running":
         conditions += [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
     if disrupted:
-        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"})
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption_reason})
     container: dict[str, Json] = {"name": "trainer", "state": {"running": {"startedAt": T0}}}
     if exit_code is not None:
         terminated: dict[str, Json] = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0

@@ -227,9 +227,17 @@ class TestGangRestart:
         assert reasons(decision) == ["PodsCreated"]
 
     def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted(self) -> None:
-        pods = states(pod(0, deleting="2026-11-01T10:00:00Z"))
+        pods = states(pod(0, deleting="2026-11-01T10:00:00Z", disrupted=True,
+                          disruption_reason="DeletionByTaintManager"))
         decision = reconcile(job(), running(phase="Restarting", attempt=1), pods, NOW)
         assert decision.force_delete == ("valid-0",)
+
+    def test_pod_terminating_on_a_node_that_answers_is_never_force_deleted(self) -> None:
+        """Fencing: its processes may still write; the next attempt waits until the kubelet confirms."""
+        pods = states(pod(0, deleting="2026-11-01T10:00:00Z"))
+        decision = reconcile(job(), running(phase="Restarting", attempt=1), pods, NOW)
+        assert decision.force_delete == () and decision.create == ()
+        assert decision.requeue_after is not None and decision.status["phase"] == "Restarting"
 
     def test_stall_restarts_and_sets_the_condition(self) -> None:
         # the last scrape (10:09:55) read a heartbeat of 10:02: seen stale

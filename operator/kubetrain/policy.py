@@ -61,7 +61,8 @@ __all__ = [
 Json = Any
 
 # A terminating pod whose node stopped answering never confirms its deletion: after its grace period
-# plus this margin, the operator force-deletes it so that the next attempt can reuse the name.
+# plus this margin, the operator force-deletes it so that the next attempt can reuse the name. Only then:
+# on a node that answers, the pod's processes may still run, and the next attempt must not start beside them.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
 
 
@@ -84,6 +85,11 @@ class Decision:
     events: tuple[Event, ...] = ()
     delete_job: bool = False
     requeue_after: float | None = None
+
+
+def _fenced(pod: PodState) -> bool:
+    """Nothing of the pod can still run: its node is lost (the taint manager evicted it), or it never had one."""
+    return pod.node_lost or not pod.scheduled
 
 
 @dataclass
@@ -127,7 +133,7 @@ class _Draft:
                 continue
             if not pod.deleting:
                 self.delete.append(pod.name)
-            elif pod.deletion_time is not None and self.now >= pod.deletion_time + FORCE_DELETE_AFTER:
+            elif _fenced(pod) and pod.deletion_time is not None and self.now >= pod.deletion_time + FORCE_DELETE_AFTER:
                 self.force_delete.append(pod.name)
             else:
                 self.requeue(FORCE_DELETE_AFTER.total_seconds())

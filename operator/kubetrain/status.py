@@ -54,6 +54,9 @@ class FailureKind(StrEnum):
     RENDEZVOUS_TIMEOUT = "RendezvousTimeout"  # torchrun gave up waiting for the gang: fails the job
 
 
+# The DisruptionTarget reason of a pod the taint manager deletes (NoExecute: node unreachable or not ready).
+TAINT_EVICTION_REASON = "DeletionByTaintManager"
+
 # What torchrun's agent raises when the gang does not all join within its join_timeout; the kubelet keeps the
 # traceback's tail as the termination message (FallbackToLogsOnError).
 RENDEZVOUS_TIMEOUT_ERROR = "RendezvousTimeoutError"
@@ -84,6 +87,8 @@ class PodState:
     start_time: datetime | None
     finish_time: datetime | None
     job_uid: str | None = None  # the job it belongs to (see owned_by)
+    # Its node stopped answering and the taint manager evicted it: the kubelet cannot confirm its end.
+    node_lost: bool = False
 
     @property
     def finished(self) -> bool:
@@ -171,6 +176,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         start_time=parse_time(status.get("startTime")),
         finish_time=parse_time(terminated.get("finishedAt")),
         job_uid=owned_by(metadata),
+        node_lost=(disruption or {}).get("reason") == TAINT_EVICTION_REASON,
     )
 
 
