@@ -5,6 +5,7 @@ Usage::
     python -m bench                  # everything (about 6-8 minutes on 2 cores; starts and stops a lab)
     python -m bench --quick          # fewer repeats and shorter runs (about 3-4 minutes)
     python -m bench core trainer.metrics   # only these benchmarks (a name or a dotted prefix)
+    python -m bench peer             # kubetrain against Kubeflow's training operator (builds it once, starts a lab)
     python -m bench --no-lab         # everything that needs no lab
     python -m bench --list           # the benchmarks, their figures and goals
     python -m bench --json out.json  # also write the results as JSON
@@ -32,9 +33,10 @@ __all__ = ["all_benchmarks", "main", "select"]
 
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
-    from bench import cluster, core, trainer, trainer_overhead
+    from bench import cluster, core, peer, trainer, trainer_overhead
 
-    return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS)
+    return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
+            *peer.BENCHMARKS)
 
 
 def select(benchmarks: Sequence[Benchmark], names: Sequence[str], *, no_lab: bool = False) -> list[Benchmark]:

@@ -119,3 +119,49 @@ def test_unknown_name_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--list", "no.such.benchmark"])
     assert exit_info.value.code == 2
+
+
+def test_peer_jobs_are_the_same_work_for_both_operators() -> None:
+    from bench.peer import COMMAND, TINY_IMAGE, pytorchjob, trainingjob_spec
+
+    job = pytorchjob("j", 8)
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 7)
+    container = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert (container["name"], container["image"], container["command"]) == ("pytorch", TINY_IMAGE, list(COMMAND))
+    assert "Worker" not in pytorchjob("j", 1)["spec"]["pytorchReplicaSpecs"]
+    assert pytorchjob("j", 2, suspend=True)["spec"]["runPolicy"]["suspend"] is True
+    spec = trainingjob_spec(8, suspend=True)
+    assert (spec["nodes"], spec["image"], spec["command"], spec["runPolicy"]["suspend"]) == (
+        8, TINY_IMAGE, list(COMMAND), True)
+    assert spec["resources"]["cpu"] == container["resources"]["requests"]["cpu"]
+
+
+def test_peer_tiny_image_torchrun_runs_the_command_after_its_flags(tmp_path: Path) -> None:
+    from bench.peer import tiny_image
+
+    torchrun = tiny_image(tmp_path) / "bin" / "torchrun"
+    argv = [str(torchrun), "--nnodes=2", "--no-python", "echo", "hello", "--flag"]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == "hello --flag\n"
+
+
+def test_peer_runs_with_its_best_settings_on_free_ports(tmp_path: Path) -> None:
+    from bench.peer import PEER_QPS, PeerOperator
+
+    argv = PeerOperator(tmp_path / "op", tmp_path / "kubeconfig", tmp_path / "log").argv()
+    assert "--enable-scheme=pytorchjob" in argv and f"--kube-api-qps={PEER_QPS}" in argv
+    assert f"--kube-api-burst={PEER_QPS}" in argv and "--leader-elect=false" in argv
+    ports = [a.rsplit(":", 1)[-1] for a in argv if a.startswith(("--metrics-bind", "--health-probe"))]
+    assert len(ports) == 2 and all(p.isdigit() and p not in {"8080", "8081"} for p in ports)
+
+
+def test_peer_suspension_and_object_counts_read_both_kinds() -> None:
+    from collections import Counter
+
+    from bench.peer import describe_kinds, is_suspended
+
+    assert is_suspended({"status": {"phase": "Suspended"}})
+    assert is_suspended({"status": {"conditions": [{"type": "Suspended", "status": "True"}]}})
+    assert not is_suspended({"status": {"conditions": [{"type": "Suspended", "status": "False"}]}})
+    assert not is_suspended({})
+    assert describe_kinds(Counter({"ConfigMap": 1, "Service": 2, "Pod": 2})) == "2 Pod, 2 Service, 1 ConfigMap"

@@ -6,6 +6,7 @@ Only what is missing is built; a warm cache makes this a no-op. A file lock keep
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,9 +15,19 @@ import time
 from pathlib import Path
 
 from tests.lab.procs import file_lock, heartbeat, log_line
-from tests.lab.versions import BINARIES, MODULES, GoModule, binary_path, cache_root, module_of
+from tests.lab.versions import BINARIES, GO_DIR, MODULES, GoModule, binary_path, cache_root, module_of
 
 HEARTBEAT_S = 30.0
+KUBEFLOW_TRAINING_OPERATOR_VERSION = "v1.9.4"
+KUBEFLOW_MODULE_PATH = "github.com/kubeflow/training-operator"
+# Not the lab's own: the peer the benchmarks compare kubetrain with (bench/peer.py), built on demand only.
+PEER_MODULES: dict[str, GoModule] = {
+    "kubeflow": GoModule(
+        directory=GO_DIR / "kubeflow",
+        version=KUBEFLOW_TRAINING_OPERATOR_VERSION,
+        packages={"training-operator": f"{KUBEFLOW_MODULE_PATH}/cmd/training-operator.v1"},
+    ),
+}
 
 
 def go_binary() -> str:
@@ -61,17 +72,48 @@ def _build_module(key: str, module: GoModule, names: list[str]) -> None:
     _log(f"built {', '.join(names)} in {time.monotonic() - started:.0f} s -> {out_dir}")
 
 
+def _module_binary(key: str, module: GoModule, name: str) -> Path:
+    return cache_root() / f"{key}-{module.version}" / name
+
+
+def _ensure_module_binary(key: str, module: GoModule, name: str) -> Path:
+    path = _module_binary(key, module, name)
+    if path.exists():
+        return path
+    with file_lock(cache_root() / f".{key}.lock"):
+        missing = [n for n in module.packages if not _module_binary(key, module, n).exists()]
+        if missing:
+            _build_module(key, module, missing)
+    return path
+
+
 def ensure_binary(name: str) -> Path:
     """Return the path of a lab binary, building it (and its module's other missing binaries) first."""
     path = binary_path(name)
     if path.exists():
         return path
     key, module = module_of(name)
-    with file_lock(cache_root() / f".{key}.lock"):
-        missing = [n for n in module.packages if not binary_path(n).exists()]
-        if missing:
-            _build_module(key, module, missing)
-    return path
+    return _ensure_module_binary(key, module, name)
+
+
+def ensure_peer_binary(name: str = "training-operator") -> Path:
+    """Return the path of the benchmarks' peer operator (Kubeflow's training operator), building it first."""
+    for key, module in PEER_MODULES.items():
+        if name in module.packages:
+            return _ensure_module_binary(key, module, name)
+    raise KeyError(f"unknown peer binary {name!r}")
+
+
+def peer_module_dir(key: str = "kubeflow") -> Path:
+    """The peer's source tree in the Go module cache (its CRDs live there), downloading it if needed."""
+    module = PEER_MODULES[key]
+    found = subprocess.run(
+        [go_binary(), "mod", "download", "-json", f"{KUBEFLOW_MODULE_PATH}@{module.version}"],
+        cwd=module.directory, capture_output=True, text=True, check=True).stdout
+    directory = json.loads(found).get("Dir")
+    if not directory:
+        raise FileNotFoundError(f"go mod download gave no directory for {KUBEFLOW_MODULE_PATH}@{module.version}")
+    return Path(directory)
 
 
 def ensure_all() -> dict[str, Path]:
@@ -82,4 +124,5 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if not binary_path(name).exists()]
 
 
-__all__ = ["MODULES", "ensure_all", "ensure_binary", "missing_binaries"]
+__all__ = ["MODULES", "PEER_MODULES", "ensure_all", "ensure_binary", "ensure_peer_binary", "missing_binaries",
+           "peer_module_dir"]
