@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import aiohttp
 import kopf
@@ -32,6 +32,7 @@ from kubetrain.status import Scrape, merge_patch, owned_by, parse_time, pod_stat
 __all__ = ["OperatorConfig"]
 
 Json = Any
+T = TypeVar("T")
 Key = tuple[str, str]  # (namespace, name)
 HandlerLogger = logging.Logger | logging.LoggerAdapter[Any]
 JOB = (api.GROUP, api.VERSION, api.PLURAL)
@@ -286,20 +287,20 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
                logger: HandlerLogger) -> None:
     """Carry out the decision, after its status was written (so a crash never loses a count)."""
     kube = state.kube
-    for name in decision.delete:
-        await kube.delete_pod(job.namespace, name)
     for name in decision.force_delete:
         logger.warning("force-deleting pod %s stuck terminating (its node is lost)", name)
-        await kube.delete_pod(job.namespace, name, force=True)
-    for pod in pods:  # a pod labelled with this job's uid but without its owner: made before a crash
-        if owned_by(pod["metadata"]) == job.uid and not pod["metadata"].get("ownerReferences"):
-            await kube.adopt_pod(job.namespace, pod["metadata"]["name"], owner_reference(job))
+    await _all([*(kube.delete_pod(job.namespace, name) for name in decision.delete),
+                *(kube.delete_pod(job.namespace, name, force=True) for name in decision.force_delete)])
+    # A pod labelled with this job's uid but without its owner was made before a crash: adopt it.
+    await _all(kube.adopt_pod(job.namespace, pod["metadata"]["name"], owner_reference(job)) for pod in pods
+               if owned_by(pod["metadata"]) == job.uid and not pod["metadata"].get("ownerReferences"))
     if decision.create:
         await _create_service(state, job, logger)
         attempt = int(decision.status["attempt"])
-        for index in decision.create:
-            pod = build_pod(job, index, attempt, default_image=state.config.trainer_image)
-            existing = await kube.create(job.namespace, pod)
+        new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image)
+                    for index in decision.create]
+        for pod, existing in zip(new_pods, await _all(kube.create(job.namespace, pod) for pod in new_pods),
+                                 strict=True):
             if existing is None:
                 metrics.POD_CREATIONS.inc()
             elif owned_by(existing["metadata"]) != job.uid:
@@ -307,6 +308,16 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(job.namespace, job.name)
+
+
+async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """API calls at once (a gang's pods are created and deleted together; the client's thread pool bounds
+    them); the first error is raised once every call has ended, so none is left running unseen."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast(list[T], results)
 
 
 async def _create_service(state: OperatorState, job: TrainingJob, logger: HandlerLogger) -> None:
