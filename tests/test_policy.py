@@ -465,6 +465,18 @@ class TestProgressUnknown:
         again = reconcile(job(), decision.status, states(pod(0), pod(1)), NOW, self.REFUSED)
         assert again.events == ()
 
+    def test_a_program_of_its_own_that_never_reports_is_told_how_to(self) -> None:
+        """The zero-code answer for spec.command: progress unknown, and why, never a made-up step."""
+        document = base_job()
+        document["metadata"] |= {"uid": "uid-1", "generation": 2}
+        document["spec"].pop("trainer")
+        document["spec"]["command"] = ["python", "train.py"]
+        own = parse(document)
+        decision = reconcile(own, running(), states(pod(0), pod(1)), NOW, self.REFUSED)
+        known = condition(decision, "ProgressKnown")
+        assert known["status"] == "False" and "kubetrain_trainer.report()" in known["message"]
+        assert "progress" not in decision.status or "step" not in decision.status["progress"]
+
     def test_a_failed_scrape_while_pods_start_is_not_reported(self) -> None:
         decision = reconcile(job(), running(phase="Starting"), states(pod(0), pod(1)), NOW, self.REFUSED)
         assert "ProgressKnown" not in {c["type"] for c in decision.status.get("conditions", [])}

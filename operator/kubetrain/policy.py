@@ -198,6 +198,9 @@ def _record_scrape(draft: _Draft, scrape: Scrape) -> None:
     if draft.status.get("phase") != Phase.RUNNING:
         return  # pods still starting: the trainer is not serving yet
     message = f"progress unknown: rank 0's metrics cannot be read ({scrape.error}); not judged a stall"
+    if draft.job.spec.command is not None:  # the honest zero-code answer: the program has not reported
+        message += ("; a program of its own (spec.command) serves them once it calls kubetrain_trainer.report() "
+                    "(README: Your own training script)")
     draft.condition(ConditionType.PROGRESS_KNOWN, False, Reason.SCRAPE_FAILED, message)
     if known is not None and known.get("status") == "True":
         draft.events.append(Event("Warning", Reason.SCRAPE_FAILED, message[:1024]))
