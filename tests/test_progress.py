@@ -102,3 +102,11 @@ def test_a_rank_0_that_does_not_answer_is_a_failed_scrape(silent_port: int,
     monkeypatch.setattr(progress_module, "SCRAPE_TIMEOUT_SECONDS", 0.2)
     result = scrape(silent_port)
     assert result.failed and "did not answer" in (result.error or "")
+
+
+def test_the_loops_heartbeat_wins_over_the_last_steps_time() -> None:
+    """A long checkpoint write or evaluation: no step for a while, but the loop is alive."""
+    beating = parse_progress(page(heartbeat_timestamp_seconds="1793527500"))
+    assert beating is not None and beating.heartbeat == datetime.fromtimestamp(1793527500, UTC)
+    older = parse_progress(GOOD)  # a trainer (or report()) without the series: the last step's time
+    assert older is not None and older.heartbeat == datetime.fromtimestamp(1793527200, UTC)

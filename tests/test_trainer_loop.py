@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from kubetrain_trainer.config import parse_config
 from kubetrain_trainer.data import GatherLoader
 from kubetrain_trainer.distributed import DistContext, init_distributed, teardown
-from kubetrain_trainer.loop import NonFiniteLossError, StopFlag, Trainer
+from kubetrain_trainer.loop import NonFiniteLossError, StopFlag, Trainer, keep_alive
 from kubetrain_trainer.metrics import TrainerMetrics
 from kubetrain_trainer.tasks import TaskContext, build_task
 
@@ -102,3 +103,16 @@ def test_in_memory_data_is_gathered_a_batch_at_a_time_in_the_training_process(gr
     assert isinstance(t.stream.loader, GatherLoader)  # no DataLoader, no worker processes
     x, y = t.stream.next()
     assert x.shape == (16, 64) and y.shape == (16,)
+
+
+def test_a_long_blocking_call_keeps_the_heartbeat_then_stops_beating_at_its_limit() -> None:
+    """A checkpoint write is one blocking call: a thread beats for it, for at most ``limit`` seconds."""
+    metrics = TrainerMetrics(rank=0, local_rank=0, world_size=1)
+    beats: list[float] = []
+    with keep_alive(metrics, every=0.05, limit=0.3):
+        for _ in range(12):  # 0.6 s of "writing"
+            time.sleep(0.05)
+            beats.append(metrics.heartbeat_timestamp)
+    assert len(set(beats[:5])) >= 3, "it beat while the call ran"
+    assert beats[-1] == beats[-3], "and stopped beating after its limit (a hung write is a stall)"
+    assert metrics.heartbeat_timestamp >= beats[-1], "one last beat when the call returns"

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 PROGRESS = [
     "trainer_steps_total", "trainer_step", "trainer_total_steps", "trainer_epoch", "trainer_loss_last",
     "trainer_loss_sum", "trainer_loss_count", "trainer_samples_per_second", "trainer_last_step_timestamp_seconds",
-    "trainer_checkpoint_last_step", "trainer_resumed_from_step", "trainer_world_size",
+    "trainer_heartbeat_timestamp_seconds", "trainer_checkpoint_last_step", "trainer_resumed_from_step",
+    "trainer_world_size",
 ]
 HEALTH = [
     "trainer_samples_total", "trainer_tokens_total", "trainer_model_flops_total", "trainer_learning_rate",
@@ -35,7 +36,8 @@ HEALTH = [
 ]
 
 PER_RANK = [
-    "trainer_step", "trainer_world_size", "trainer_last_step_timestamp_seconds", "trainer_step_phase_seconds_total",
+    "trainer_step", "trainer_world_size", "trainer_last_step_timestamp_seconds", "trainer_heartbeat_timestamp_seconds",
+    "trainer_step_phase_seconds_total",
     "trainer_step_duration_seconds_bucket", "trainer_step_duration_seconds_count", "trainer_step_duration_seconds_sum",
     "trainer_checkpoint_duration_seconds_bucket", "trainer_checkpoint_duration_seconds_count",
     "trainer_checkpoint_duration_seconds_sum",

@@ -61,7 +61,10 @@ def _progress(values: dict[str, float]) -> Progress | None:
         epoch=count(values.get("trainer_epoch")),
         loss=loss if isinstance(loss, float) else None,  # NaN and infinities stay: status shows them as text
         samples_per_second=in_range(values.get("trainer_samples_per_second"), 0, MAX_SAMPLES_PER_SECOND),
-        heartbeat=_timestamp(values.get("trainer_last_step_timestamp_seconds")),
+        # The loop's own heartbeat (alive through evaluations and checkpoint writes); trainers and report()
+        # versions without it: the last step's time.
+        heartbeat=_timestamp(values.get("trainer_heartbeat_timestamp_seconds",
+                                        values.get("trainer_last_step_timestamp_seconds"))),
         checkpoint_step=count(values.get("trainer_checkpoint_last_step")),
         resumed_from_step=0 if resumed == -1 else count(resumed),
         seconds_per_step=_mean_step_time(values),

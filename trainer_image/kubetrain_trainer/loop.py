@@ -7,13 +7,16 @@ it is also the one place per step where the CPU waits for the GPU.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,6 +39,9 @@ __all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFi
 
 EXIT_STOPPED: Final = 143  # 128 + SIGTERM: stopped on request, checkpoint saved; not a crash
 EXIT_NONFINITE: Final = 4
+# While a checkpoint is written the heartbeat beats from a thread this often, for at most this long.
+KEEP_ALIVE_SECONDS: Final = 5.0
+KEEP_ALIVE_LIMIT_SECONDS: Final = 3600.0
 MAX_CONSECUTIVE_NONFINITE: Final = 5  # skipped steps in a row (NaN/inf loss or gradient) before failing
 # fp16: the GradScaler's overflow skips do not count toward that limit while its scale is at least this.
 MIN_CALIBRATING_SCALE: Final = 1.0
@@ -123,14 +129,17 @@ def plan_total_steps(max_steps: int | None, epochs: int | None, batches_per_epoc
     return max(epochs * batches_per_epoch // accumulation, 1)
 
 
-def evaluate(model: nn.Module, task: Task, loader: Loader, ctx: DistContext, precision: str) -> dict[str, float]:
-    """Mean of each eval metric over the whole held-out set (sums and counts all-reduced)."""
+def evaluate(model: nn.Module, task: Task, loader: Loader, ctx: DistContext, precision: str, *,
+             alive: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Mean of each eval metric over the whole held-out set (sums and counts all-reduced); ``alive`` is
+    called at every batch, so a long evaluation keeps the heartbeat."""
     if task.eval_fn is None:
         return {}
     model.eval()
     sums: dict[str, list[float]] = {}
     with torch.no_grad(), autocast(precision, ctx.device):
         for batch in loader:
+            alive()
             for key, (total, count) in task.eval_fn(model, to_device(batch, ctx.device)).items():
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += total
@@ -140,6 +149,34 @@ def evaluate(model: nn.Module, task: Task, loader: Loader, ctx: DistContext, pre
     packed = torch.tensor([v for k in keys for v in sums[k]], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(packed)
     return {k: packed[2 * i].item() / max(packed[2 * i + 1].item(), 1.0) for i, k in enumerate(keys)}
+
+
+def beat(m: TrainerMetrics) -> None:
+    """The training loop is alive (the heartbeat the operator's stall detection reads)."""
+    m.heartbeat_timestamp = time.time()
+
+
+@contextlib.contextmanager
+def keep_alive(m: TrainerMetrics, every: float = KEEP_ALIVE_SECONDS,
+               limit: float = KEEP_ALIVE_LIMIT_SECONDS) -> Iterator[None]:
+    """Beat from a thread while one long blocking call runs (a checkpoint write), for at most ``limit``
+    seconds: a write that hangs longer stops beating, and the operator sees the stall."""
+    done = threading.Event()
+
+    def ticker() -> None:
+        deadline = time.monotonic() + limit
+        while not done.wait(every) and time.monotonic() < deadline:
+            beat(m)
+
+    beat(m)
+    thread = threading.Thread(target=ticker, name="keep-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        beat(m)
 
 
 def _kill_hook(ctx: DistContext) -> int | None:
@@ -374,7 +411,8 @@ class Trainer:
         return False
 
     def _save(self) -> None:
-        seconds = self.ckpt.save(self.raw_model, self.optimizer, self.state)
+        with keep_alive(self.metrics):  # one blocking call: a thread beats for it
+            seconds = self.ckpt.save(self.raw_model, self.optimizer, self.state)
         self.last_saved = self.state.step
         self.metrics.checkpoint_duration.observe(seconds)
         self.metrics.phase_seconds["checkpoint"] += seconds
@@ -385,7 +423,8 @@ class Trainer:
     def _evaluate(self) -> None:
         if self.eval_loader is None:
             return
-        results = evaluate(self.model, self.task, self.eval_loader, self.ctx, self.tc.precision)
+        results = evaluate(self.model, self.task, self.eval_loader, self.ctx, self.tc.precision,
+                           alive=functools.partial(beat, self.metrics))
         self.metrics.eval_loss = results.get("loss")
         self.metrics.eval_metrics = {k: v for k, v in results.items() if k != "loss"}
         if self.ctx.is_main:
@@ -409,7 +448,7 @@ def _record(m: TrainerMetrics, state: TrainState, result: StepResult, *, lr: flo
     m.loss_sum += result.loss
     m.loss_count += 1
     m.samples_total, m.tokens_total, m.model_flops_total = state.samples_total, state.tokens_total, state.flops_total
-    m.last_step_timestamp = time.time()
+    m.last_step_timestamp = m.heartbeat_timestamp = time.time()
     m.step_duration.observe(step_s)
     m.phase_seconds["data_wait"] += result.data_s
     m.phase_seconds["forward_backward"] += result.forward_backward_s

@@ -28,7 +28,10 @@ trainer_loss_last                          gauge    job: last step's training lo
                                                     the checkpoint's last loss until the next step)
 trainer_loss                               summary  job: _sum/_count of the (all-reduced) step losses
 trainer_samples_per_second                 gauge    job: samples/s over the last log interval
-trainer_last_step_timestamp_seconds        gauge    unix time of the last optimizer step (heartbeat)
+trainer_last_step_timestamp_seconds        gauge    unix time of the last optimizer step
+trainer_heartbeat_timestamp_seconds        gauge    unix time the training loop last showed life: a step,
+                                                    an evaluation batch, a checkpoint being written
+                                                    (the operator's stall detection reads this)
 trainer_checkpoint_last_step               gauge    job: step of the newest complete checkpoint (-1: none)
 trainer_resumed_from_step                  gauge    job: step this attempt resumed from (-1: fresh start)
 trainer_world_size                         gauge    processes in the job (every rank: count them)
@@ -131,8 +134,11 @@ SERIES: Final = (
     _Series("trainer_model_flops", "counter", "Model FLOPs of the job (all ranks).", lambda m: m.model_flops_total),
     _Series("trainer_samples_per_second", "gauge", "Job-wide samples per second.", lambda m: m.samples_per_second),
     _Series("trainer_mfu_ratio", "gauge", "Model FLOPs utilisation against the GPU's peak.", lambda m: m.mfu),
-    _Series("trainer_last_step_timestamp_seconds", "gauge", "Unix time of the last step (heartbeat).",
+    _Series("trainer_last_step_timestamp_seconds", "gauge", "Unix time of the last step.",
             lambda m: m.last_step_timestamp),
+    _Series("trainer_heartbeat_timestamp_seconds", "gauge",
+            "Unix time the training loop last showed life (a step, an evaluation batch, a checkpoint being written).",
+            lambda m: m.heartbeat_timestamp or None),
     _Series("trainer_checkpoint_last_step", "gauge", "Step of the newest checkpoint (-1: none).",
             lambda m: m.checkpoint_last_step),
     _Series("trainer_resumed_from_step", "gauge", "Step this attempt resumed from (-1: fresh start).",
@@ -167,6 +173,7 @@ class TrainerMetrics:
     samples_per_second: float = 0.0
     mfu: float | None = None
     last_step_timestamp: float = 0.0
+    heartbeat_timestamp: float = 0.0
     checkpoint_last_step: int = -1
     resumed_from_step: int = -1
     nonfinite_total: int = 0

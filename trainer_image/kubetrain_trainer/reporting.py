@@ -78,7 +78,8 @@ class Reporter:
             advanced = step - m.step
             m.step_duration.observe((now - self._step_at) / advanced, advanced)
         if first or step != m.step:
-            m.step, m.last_step_timestamp, self._step_at = step, time.time(), now
+            m.step, self._step_at = step, now
+            m.last_step_timestamp = m.heartbeat_timestamp = time.time()
         if total_steps is not None:
             m.total_steps = total_steps
         if epoch is not None:
