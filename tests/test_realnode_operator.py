@@ -278,27 +278,31 @@ def _ranks_by_node(output: str) -> dict[str, frozenset[int]]:
     return {node: frozenset(found) for node, found in ranks.items()}
 
 
+def _nodes(output: str) -> set[str]:
+    return {line.split(" | ", 1)[0] for line in output.splitlines() if line.startswith("node-")}
+
+
 def _assert_kubetrain_logs(lab: Lab, namespace: str, failure: Json, following: subprocess.Popen[str]) -> None:
-    """Every rank of both nodes, one rank alone, the killed attempt's post-mortem, and a follow that went
-    through the gang restart and ended with the job."""
+    """Both nodes' output (the built-in trainer logs on rank 0 only; torchrun's own lines come from every
+    node), rank 0 alone, the killed attempt's post-mortem, and a follow that went through the gang restart
+    and ended with the job."""
     followed = _output(following, timeout=120)
     assert "--- attempt 1 ---" in followed, followed[-2000:]
     for attempt_output in followed.split("--- attempt 1 ---"):
-        ranks = _ranks_by_node(attempt_output)
-        assert sorted(ranks) == ["node-0", "node-1"] and set().union(*ranks.values()) == {0, 1, 2, 3}, ranks
+        assert _nodes(attempt_output) == {"node-0", "node-1"}, attempt_output[:2000]
         # torchrun orders nodes by FQDN, so pod 0 holds rank 0, the one that serves the job-wide series.
-        assert 0 in ranks["node-0"], ranks
+        assert 0 in _ranks_by_node(attempt_output).get("node-0", set()), attempt_output[:2000]
     current = _output(_kubetrain_logs(lab, namespace, "digits"))
-    assert '"step"' in current and set().union(*_ranks_by_node(current).values()) == {0, 1, 2, 3}
-    only_rank_3 = _output(_kubetrain_logs(lab, namespace, "digits", "--rank", "3"))
-    ranks = _ranks_by_node(only_rank_3)
-    assert len(ranks) == 1 and set(ranks.values()) == {frozenset({3})}, ranks
-    assert all(RANKED_LINE.match(line) for line in only_rank_3.splitlines())
+    assert '"step"' in current and _nodes(current) == {"node-0", "node-1"}, current[:2000]
+    only_rank_0 = _output(_kubetrain_logs(lab, namespace, "digits", "--rank", "0")).splitlines()
+    assert only_rank_0 and all(line.startswith("node-0 | [rank0]: ") for line in only_rank_0), only_rank_0[:20]
+    assert len(only_rank_0) < len(current.splitlines()), "torchrun's unranked lines are left out"
     # The SIGKILLed container left no last words: the kubelet kept its log's tail, and the status keeps it.
-    assert "[rank" in failure.get("logTail", ""), failure
+    tail = failure.get("logTail", "").strip().splitlines()
+    assert tail and "torch/distributed/run.py" in "\n".join(tail), failure  # torchrun's own lines, at least
     post_mortem = _output(_kubetrain_logs(lab, namespace, "digits", "--attempt", "0"))
     assert "pods of attempt 0 are gone" in post_mortem and "digits-1: " in post_mortem
-    assert "exit code 137" in post_mortem and "  [rank" in post_mortem
+    assert "exit code 137" in post_mortem and f"  {tail[-1]}" in post_mortem
 
 
 def _assert_checkpoints_written_by_uid_1000(lab: Lab, namespace: str) -> None:

@@ -25,6 +25,8 @@ Json = Any
 # Seconds between tries while a pod's container has not started, and while the next attempt's pods appear.
 POLL_SECONDS = 1.0
 _FINISHED = (api.Phase.SUCCEEDED, api.Phase.FAILED)
+# A followed pod that prints nothing for this long ends its stream (the client needs a finite read timeout).
+FOLLOW_READ_TIMEOUT_SECONDS = 86400
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class _Cluster:
     def __init__(self, namespace: str) -> None:
         from kubernetes import client
 
-        from kubetrain.kube import load_configuration
+        from kubetrain.client import load_configuration
 
         api_client = client.ApiClient(load_configuration(pool_size=8))  # one stream per pod at once
         # Typed as Any: with _preload_content=False the calls return raw responses, not the models the stubs say.
@@ -115,7 +117,7 @@ class _Cluster:
         """The container's log; raises ApiException while it has not started (400) or is gone (404)."""
         response = self.core.read_namespaced_pod_log(pod, self.namespace, container=api.CONTAINER_NAME,
                                                      follow=follow, _preload_content=False,
-                                                     _request_timeout=(10, None))
+                                                     _request_timeout=(10, FOLLOW_READ_TIMEOUT_SECONDS))
         yield from response.stream(4096, decode_content=True)
 
 
