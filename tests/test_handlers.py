@@ -18,11 +18,9 @@ from typing import Any
 import kopf
 import pytest
 from kopf._core.engines import posting
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kubetrain import handlers, metrics
-from kubetrain.kube import Kube
+from kubetrain.kube import ApiError, Kube
 from kubetrain.status import Scrape
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
@@ -31,11 +29,6 @@ from tests.pods import pod
 Json = Any
 NAMESPACE = "team"
 KEY = (NAMESPACE, "valid")
-
-
-@dataclass
-class _Response:
-    data: bytes
 
 
 @dataclass
@@ -51,12 +44,12 @@ class FakeCluster:
         self.calls.append(name)
         if name in self.faults:
             self.faults[name]()
-        result = getattr(self, f"_{name}")(*args, **kwargs)
-        return _Response(json.dumps(result).encode()) if kwargs.get("_preload_content") is False else result
+        # A copy, as if it came over the wire.
+        return json.loads(json.dumps(getattr(self, f"_{name}")(*args, **kwargs)))
 
     def _get_namespaced_custom_object(self, *args: Any, **_: Any) -> Json:
         if self.job is None:
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(404, "Not Found", "")
         return self.job
 
     def _patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> Json:
@@ -81,13 +74,15 @@ class FakeCluster:
 
 
 class _Client:
-    """Stands for CoreV1Api or CustomObjectsApi: every method is recorded and served by the FakeCluster."""
+    """Stands for kube.py's _CoreV1 or _CustomObjects: every method is recorded and served by the FakeCluster."""
 
     def __init__(self, cluster: FakeCluster) -> None:
         self._cluster = cluster
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        return lambda *args, **kwargs: self._cluster.call(name, *args, **kwargs)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return self._cluster.call(name, *args, **kwargs)
+        return call
 
 
 def job_body(**status: Json) -> Json:
@@ -101,14 +96,14 @@ def gone(cluster: FakeCluster) -> Callable[[], None]:
     """A fault: the job (and its namespace) is deleted just now, and the call finds nothing."""
     def fault() -> None:
         cluster.job = None
-        raise ApiException(status=404, reason="Not Found")
+        raise ApiError(404, "Not Found", "")
     return fault
 
 
 @pytest.fixture
 def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
     """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards."""
-    kube = Kube(client.Configuration(), threads=2)
+    kube = Kube(lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"), connections=2)  # never connects
     caplog.set_level(logging.DEBUG)
 
     def reconcile(cluster: FakeCluster) -> handlers.OperatorState:
@@ -126,7 +121,7 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], ha
         return asyncio.run(once())
 
     yield reconcile
-    kube.close()
+    asyncio.run(kube.close())
 
 
 def errors_counted() -> float:
@@ -163,7 +158,7 @@ class TestDeletedWhileReconciling:
 
         def replaced() -> None:
             cluster.job = job_body() | {"metadata": job_body()["metadata"] | {"uid": "uid-2"}}
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(404, "Not Found", "")
         cluster.faults["create_namespaced_pod"] = replaced
         state = run(cluster)
         assert warnings(caplog) == [] and KEY not in state.due
@@ -173,7 +168,7 @@ class TestDeletedWhileReconciling:
         cluster = FakeCluster(job_body())
 
         def unavailable() -> None:
-            raise ApiException(status=503, reason="Service Unavailable")
+            raise ApiError(503, "Service Unavailable", "")
         cluster.faults["create_namespaced_pod"] = unavailable
         before = errors_counted()
         state = run(cluster)

@@ -169,6 +169,9 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
     """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
     if not namespaces and not all_namespaces:
         raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
+    # The official client is the CLI's (logs, watch), not the operator's: kopf would import it, when installed,
+    # only for optional type support and a login that handlers.py replaces; blocked, it costs no memory.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
     from prometheus_client import start_http_server
 

@@ -22,7 +22,7 @@ import aiohttp
 import kopf
 
 from kubetrain import api, metrics
-from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, load_configuration
+from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, login
 from kubetrain.manifests import build_pod, build_service, owner_reference
 from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
@@ -99,9 +99,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # kopf never retries on.event handlers: a failed reconcile is retried by our scheduler (see
     # _reconcile_measured); this only covers errors of kopf's own machinery.
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
-    kube = Kube(load_configuration(CONFIG.api_threads), threads=CONFIG.api_threads)
+    kube = Kube(lambda: login(settings), connections=CONFIG.api_threads)
     state = OperatorState(config=CONFIG, kube=kube, http=aiohttp.ClientSession())
     memo["state"] = state
+
+
+@kopf.on.login()
+def login_handler(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials, the same as Kube's: without a handler of our own, kopf would log in through the
+    official client, which the operator does not load (see cli.py)."""
+    return login(settings)
 
 
 @kopf.on.cleanup()
@@ -110,7 +117,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
     if state.scheduler is not None:
         state.scheduler.cancel()
     await state.http.close()
-    state.kube.close()
+    await state.kube.close()
 
 
 @kopf.on.event(*JOB)
@@ -311,7 +318,7 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
 
 
 async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """API calls at once (a gang's pods are created and deleted together; the client's thread pool bounds
+    """API calls at once (a gang's pods are created and deleted together; Kube's connection limit bounds
     them); the first error is raised once every call has ended, so none is left running unseen."""
     results = await asyncio.gather(*calls, return_exceptions=True)
     for result in results:

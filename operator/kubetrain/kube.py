@@ -1,42 +1,69 @@
 """The only module that talks to the Kubernetes API (besides kopf's own watching).
 
-The official client is synchronous; each call runs in a worker thread so that the operator's event
-loop keeps serving other jobs. Objects come back as plain dicts in the API's own camelCase shape
-(``_preload_content=False``), the same shape the pure core's builders produce.
+Plain REST over one aiohttp session (kopf already brings aiohttp): no threads, and not the official client,
+whose import alone costs the operator ~17 MiB of RSS. Credentials come from kopf's own login functions (``login``;
+handlers.py registers it as kopf's login handler too). Objects are plain dicts in the API's own camelCase
+shape, the same shape the pure core's builders produce. The methods of ``_CoreV1`` and ``_CustomObjects``
+are named like the official client's: tests/operator_rights.py derives the operator's RBAC from those names.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
-import time
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-import urllib3
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+import aiohttp
+import kopf
 
 from kubetrain import api
 from kubetrain.manifests import job_selector
 from kubetrain.policy import ApiFailure
 
 __all__ = [
-    "RECONNECTING",
+    "ApiError",
     "ConflictError",
     "CreateError",
     "JobGoneError",
     "Kube",
     "api_failure",
-    "load_configuration",
-    "stream_job",
+    "login",
 ]
 
 Json = Any
+Login = Callable[[], kopf.ConnectionInfo]
 
+HTTP_UNAUTHORIZED = 401
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+HTTP_ERRORS = 400
+# Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
+CONNECT_TIMEOUT = 10
+REQUEST_TIMEOUT = 60
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge patch
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # what the official client sends for core kinds
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ApiError(Exception):
+    """The API server answered with an error status; ``message`` is its Status object's message."""
+
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        try:
+            return str(json.loads(self.body)["message"])
+        except (TypeError, ValueError, KeyError):
+            return f"{self.status} {self.reason}"
 
 
 class ConflictError(Exception):
@@ -57,70 +84,165 @@ class CreateError(Exception):
         self.message = message
 
 
-def _api_message(error: ApiException) -> str:
-    """The message of the Status object the API server answered with, else the HTTP reason."""
-    try:
-        return str(json.loads(error.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return f"{error.status} {error.reason}"
-
-
 def api_failure(error: BaseException) -> ApiFailure:
     """Any exception of a reconcile as the pure core's ApiFailure (see policy.classify)."""
     if isinstance(error, CreateError):
         return ApiFailure(error.status, error.message, creating=error.what)
-    if isinstance(error, ApiException):
-        return ApiFailure(error.status or None, _api_message(error))
-    if isinstance(error, urllib3.exceptions.HTTPError | OSError | TimeoutError):  # no answer at all
+    if isinstance(error, ApiError):
+        return ApiFailure(error.status or None, error.message)
+    if isinstance(error, aiohttp.ClientError | OSError | TimeoutError):  # no answer at all
         return ApiFailure(None, f"{type(error).__name__}: {error}")
     return ApiFailure(None, f"{type(error).__name__}: {error}", internal=True)
 
 
-def load_configuration(pool_size: int) -> client.Configuration:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
-    # One HTTP connection per worker thread, or urllib3 drops connections under load.
-    configuration.connection_pool_maxsize = pool_size
-    return configuration
+def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """The operator's credentials: its service account in a pod, else the kubeconfig (KUBECONFIG or
+    ~/.kube/config). kopf's own minimal logins, so that neither kopf nor we need the official client."""
+    info = kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port:  # the address the official client uses in a pod (kopf's is the Service's DNS name)
+            server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+            info = dataclasses.replace(info, server=server)
+        return info
+    info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("neither a service account token nor a kubeconfig (KUBECONFIG, ~/.kube/config)")
+    return _relative_to_kubeconfig(info)
+
+
+def _relative_to_kubeconfig(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
+    """Relative file names in a kubeconfig are relative to its folder (kopf's login reads them as they are)."""
+    first = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
+    folder = Path(first).expanduser().parent
+    changes: dict[str, Any] = {name: str(folder / path) for name in ("ca_path", "certificate_path", "private_key_path")
+               if isinstance(path := getattr(info, name), str) and path and not Path(path).is_absolute()}
+    return dataclasses.replace(info, **changes) if changes else info
+
+
+class _Rest:
+    """JSON over HTTP to the API server; one session, made on first use (in the operator's event loop)."""
+
+    def __init__(self, login: Login, connections: int) -> None:
+        self._login = login
+        self._info = login()
+        self._headers = self._info.as_http_headers()
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # The connection limit bounds the calls in flight, as a thread pool did (a gang's pods at once).
+                connector=aiohttp.TCPConnector(limit=self._connections, ssl=self._info.as_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT),
+                proxy=self._info.proxy_url, trust_env=self._info.trust_env,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                      body: Json = None, content_type: str = JSON) -> Json:
+        """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens)."""
+        for attempt in range(2):
+            headers = {**self._headers, "Accept": JSON, "Content-Type": content_type}
+            data = None if body is None else json.dumps(body)
+            async with self._open().request(method, self._info.server.rstrip("/") + path, params=params,
+                                            data=data, headers=headers) as response:
+                text = await response.text()
+                if response.status == HTTP_UNAUTHORIZED and attempt == 0:
+                    self._headers = self._login().as_http_headers()
+                    continue
+                if response.status >= HTTP_ERRORS:
+                    raise ApiError(response.status, response.reason or "", text)
+                return json.loads(text) if text else None
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+class _CoreV1:
+    """The core/v1 calls the operator makes, named like the official client's CoreV1Api."""
+
+    def __init__(self, rest: _Rest) -> None:
+        self._rest = rest
+
+    @staticmethod
+    def _path(namespace: str, plural: str, name: str = "") -> str:
+        return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+    async def list_namespaced_pod(self, namespace: str, label_selector: str) -> Json:
+        return await self._rest.request("GET", self._path(namespace, "pods"), params={"labelSelector": label_selector})
+
+    async def create_namespaced_pod(self, namespace: str, body: Json) -> Json:
+        return await self._rest.request("POST", self._path(namespace, "pods"), body=body)
+
+    async def create_namespaced_service(self, namespace: str, body: Json) -> Json:
+        return await self._rest.request("POST", self._path(namespace, "services"), body=body)
+
+    async def read_namespaced_pod(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("GET", self._path(namespace, "pods", name))
+
+    async def read_namespaced_service(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("GET", self._path(namespace, "services", name))
+
+    async def patch_namespaced_pod(self, name: str, namespace: str, body: Json) -> Json:
+        return await self._rest.request("PATCH", self._path(namespace, "pods", name), body=body,
+                                        content_type=STRATEGIC_MERGE_PATCH)
+
+    async def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int | None = None) -> Json:
+        params = {} if grace_period_seconds is None else {"gracePeriodSeconds": str(grace_period_seconds)}
+        return await self._rest.request("DELETE", self._path(namespace, "pods", name), params=params)
+
+    async def delete_namespaced_service(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("DELETE", self._path(namespace, "services", name))
+
+
+class _CustomObjects:
+    """The TrainingJob calls the operator makes, named like the official client's CustomObjectsApi."""
+
+    def __init__(self, rest: _Rest) -> None:
+        self._rest = rest
+
+    @staticmethod
+    def _path(namespace: str, name: str) -> str:
+        return f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
+
+    async def get_namespaced_custom_object(self, namespace: str, name: str) -> Json:
+        return await self._rest.request("GET", self._path(namespace, name))
+
+    async def patch_namespaced_custom_object_status(self, namespace: str, name: str, body: Json) -> Json:
+        return await self._rest.request("PATCH", self._path(namespace, name) + "/status", body=body,
+                                        content_type=MERGE_PATCH)
+
+    async def delete_namespaced_custom_object(self, namespace: str, name: str, propagation_policy: str) -> Json:
+        return await self._rest.request("DELETE", self._path(namespace, name),
+                                        params={"propagationPolicy": propagation_policy})
 
 
 class Kube:
     """Async facade over the API calls the operator makes; one instance per operator."""
 
-    def __init__(self, configuration: client.Configuration, threads: int = 16) -> None:
-        self._api_client = client.ApiClient(configuration)
-        self._core = client.CoreV1Api(self._api_client)
-        self._custom = client.CustomObjectsApi(self._api_client)
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+    def __init__(self, login: Login, connections: int = 16) -> None:
+        self._rest = _Rest(login, connections)
+        self._core = _CoreV1(self._rest)
+        self._custom = _CustomObjects(self._rest)
 
-    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: function(*args, **kwargs))
-
-    async def _json(self, function: Any, *args: Any, **kwargs: Any) -> Json:
-        response = await self._call(function, *args, _preload_content=False, **kwargs)
-        return json.loads(response.data)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._api_client.close()
+    async def close(self) -> None:
+        await self._rest.close()
 
     async def get_job(self, namespace: str, name: str) -> Json | None:
         try:
-            return await self._json(self._custom.get_namespaced_custom_object,
-                                    api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-        except ApiException as error:
+            return await self._custom.get_namespaced_custom_object(namespace, name)
+        except ApiError as error:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
 
     async def list_job_pods(self, namespace: str, job_name: str) -> list[Json]:
-        listing = await self._json(self._core.list_namespaced_pod, namespace, label_selector=job_selector(job_name))
-        items: list[Json] = listing.get("items", [])
+        listing = await self._core.list_namespaced_pod(namespace, label_selector=job_selector(job_name))
+        items: list[Json] = listing.get("items") or []
         return items
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
@@ -129,10 +251,9 @@ class Kube:
         JobGoneError when it was deleted."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         try:
-            updated = await self._json(self._custom.patch_namespaced_custom_object_status,
-                                       api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+            updated = await self._custom.patch_namespaced_custom_object_status(namespace, name, body)
             return str(updated["metadata"]["resourceVersion"])
-        except ApiException as error:
+        except ApiError as error:
             if error.status == HTTP_CONFLICT:
                 raise ConflictError(f"{namespace}/{name} changed while reconciling") from error
             if error.status == HTTP_NOT_FOUND:
@@ -140,9 +261,10 @@ class Kube:
             raise
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        await self._ignore_missing(self._custom.delete_namespaced_custom_object,
-                                   api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-                                   propagation_policy="Background")
+        try:
+            await self._custom.delete_namespaced_custom_object(namespace, name, propagation_policy="Background")
+        except ApiError as error:
+            _raise_unless_missing(error)
 
     async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
         """Create a pod or a Service: None when created, else the object of that name that exists already.
@@ -154,81 +276,39 @@ class Kube:
         read = self._core.read_namespaced_pod if is_pod else self._core.read_namespaced_service
         name = body["metadata"]["name"]
         try:
-            await self._call(create, namespace, body)
-        except ApiException as error:
+            await create(namespace, body)
+        except ApiError as error:
             if error.status != HTTP_CONFLICT:
-                raise CreateError(f"{body['kind'].lower()} {name}", error.status, _api_message(error)) from error
+                raise CreateError(f"{body['kind'].lower()} {name}", error.status, error.message) from error
             try:
-                return await self._json(read, name, namespace)
-            except ApiException as missing:
+                return await read(name, namespace)
+            except ApiError as missing:
                 if missing.status != HTTP_NOT_FOUND:
                     raise
                 raise ConflictError(f"{body['kind'].lower()} {name} was deleted while creating it") from error
         return None
 
     async def delete_service(self, namespace: str, name: str) -> None:
-        await self._ignore_missing(self._core.delete_namespaced_service, name, namespace)
+        try:
+            await self._core.delete_namespaced_service(name, namespace)
+        except ApiError as error:
+            _raise_unless_missing(error)
 
     async def adopt_pod(self, namespace: str, name: str, owner: Mapping[str, Json]) -> None:
         """Give an orphaned pod of the job its owner reference back (it was created before a crash)."""
         patch = {"metadata": {"ownerReferences": [dict(owner)]}}
-        await self._ignore_missing(self._core.patch_namespaced_pod, name, namespace, patch)
+        try:
+            await self._core.patch_namespaced_pod(name, namespace, patch)
+        except ApiError as error:
+            _raise_unless_missing(error)
 
     async def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
-        options = client.V1DeleteOptions(grace_period_seconds=0) if force else None
-        await self._ignore_missing(self._core.delete_namespaced_pod, name, namespace, body=options)
-
-    async def _ignore_missing(self, function: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            await self._call(function, *args, **kwargs)
-        except ApiException as error:
-            if error.status != HTTP_NOT_FOUND:  # already gone is what we wanted
-                raise
+            await self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0 if force else None)
+        except ApiError as error:
+            _raise_unless_missing(error)
 
 
-# A watch that hears nothing for this long is taken for a dead (half-open) connection and resumed.
-WATCH_READ_TIMEOUT_SECONDS = 120
-# Seconds between attempts to get a lost watch back (the last one repeats).
-WATCH_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
-RECONNECTING = "RECONNECTING"
-HTTP_GONE = 410
-
-
-def stream_job(namespace: str, name: str, timeout: float) -> Iterator[tuple[str, Json]]:
-    """Each event of one TrainingJob, as (type, object), for ``timeout`` seconds (the CLI's `watch`; synchronous).
-
-    A watch the server ends or a connection that drops resumes from the last resourceVersion seen, so no
-    change is missed; one too old for the server (410 Gone) starts over from the current state. Each loss is
-    reported as (RECONNECTING, reason) before the next try. Refusals (401, 403, 404) are raised.
-    """
-    custom = client.CustomObjectsApi(client.ApiClient(load_configuration(pool_size=1)))
-    deadline = time.monotonic() + timeout
-    version: str | None = None
-    failures = 0
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            for event in watch.Watch().stream(
-                custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL,
-                field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(left)),
-                resource_version=version, allow_watch_bookmarks=True,
-                _request_timeout=(10, WATCH_READ_TIMEOUT_SECONDS),
-            ):
-                if not isinstance(event, dict):
-                    continue  # a blank keep-alive line
-                version = event["raw_object"].get("metadata", {}).get("resourceVersion", version)
-                failures = 0
-                if event["type"] != "BOOKMARK":
-                    yield event["type"], event["raw_object"]
-            continue  # the server closed the watch at its timeout: resume where it stopped
-        except ApiException as error:
-            if error.status in (401, 403, 404):
-                raise
-            if error.status == HTTP_GONE:
-                version = None
-            reason = _api_message(error)
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            reason = f"{type(error).__name__}: {error}"
-        yield RECONNECTING, reason
-        time.sleep(min(WATCH_RETRY_DELAYS[min(failures, len(WATCH_RETRY_DELAYS) - 1)],
-                       max(0.0, deadline - time.monotonic())))
-        failures += 1
+def _raise_unless_missing(error: ApiError) -> None:
+    if error.status != HTTP_NOT_FOUND:  # already gone is what we wanted
+        raise error

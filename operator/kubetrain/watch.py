@@ -33,7 +33,7 @@ def describe_status(status: Mapping[str, Json]) -> str:
 def watch_job(namespace: str, name: str, timeout: int = 86400, console: Console | None = None) -> int:
     """Follow the job until it ends, across lost connections; 0: it succeeded, 1: it failed or was deleted,
     3: ``timeout`` seconds passed first."""
-    from kubetrain.kube import RECONNECTING, stream_job
+    from kubetrain.client import RECONNECTING, stream_job
 
     console = console or Console()
     last_phase = None

@@ -1,0 +1,251 @@
+"""kube.py: the operator's REST calls (paths, verbs, content types, error mapping) against a small HTTP server,
+its login, and the operator process's footprint: the official Kubernetes client is never loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+from aiohttp import web
+
+from kubetrain import api, kube
+from kubetrain.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, api_failure
+
+Json = Any
+JOBS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/ns/{api.PLURAL}"
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+    authorization: str
+    body: Json
+
+
+@dataclass
+class Server:
+    """Answers each request with the next scripted (status, body); records what it saw."""
+
+    answers: list[tuple[int, Json]]
+    seen: list[Seen] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        text = await request.text()
+        self.seen.append(Seen(request.method, request.path, dict(request.query), request.content_type,
+                              request.headers.get("Authorization", ""), json.loads(text) if text else None))
+        status, body = self.answers.pop(0)
+        return web.json_response(body, status=status)
+
+
+def status_body(code: int, message: str) -> Json:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
+
+
+def against(answers: list[tuple[int, Json]], call: Callable[[Kube], Awaitable[Any]],
+            tokens: list[str] | None = None) -> tuple[Any, Server]:
+    """Run ``call`` with a Kube logged in to a local server that gives ``answers``; (its result, the server).
+    Each login takes the next of ``tokens``. An exception of the call comes back as the result."""
+    server = Server(list(answers))
+    logins = iter(tokens or ["t0"])
+
+    async def main() -> Any:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", server.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = Kube(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}", token=next(logins)))
+        try:
+            return await call(client)
+        except Exception as error:
+            return error
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    return asyncio.run(main()), server
+
+
+def test_get_job_reads_the_custom_object_and_none_when_missing() -> None:
+    job = {"metadata": {"name": "j", "resourceVersion": "5"}}
+    result, server = against([(200, job), (404, status_body(404, "not found"))],
+                             lambda k: asyncio.gather(k.get_job("ns", "j"), k.get_job("ns", "gone")))
+    assert result == [job, None]
+    assert [(s.method, s.path, s.authorization) for s in server.seen] == [
+        ("GET", f"{JOBS}/j", "Bearer t0"), ("GET", f"{JOBS}/gone", "Bearer t0")]
+
+
+def test_status_is_merge_patched_against_the_read_version() -> None:
+    answer = {"metadata": {"resourceVersion": "6"}}
+    result, server = against([(200, answer)], lambda k: k.patch_job_status("ns", "j", {"phase": "Running"}, "5"))
+    assert result == "6"
+    (seen,) = server.seen
+    assert (seen.method, seen.path, seen.content_type) == ("PATCH", f"{JOBS}/j/status", "application/merge-patch+json")
+    assert seen.body == {"metadata": {"resourceVersion": "5"}, "status": {"phase": "Running"}}
+
+
+@pytest.mark.parametrize(("code", "error"), [(409, ConflictError), (404, JobGoneError)])
+def test_status_patch_conflict_and_gone(code: int, error: type[Exception]) -> None:
+    result, _ = against([(code, status_body(code, "no"))], lambda k: k.patch_job_status("ns", "j", {}, "5"))
+    assert isinstance(result, error)
+
+
+def test_create_returns_none_when_created_else_the_existing_object() -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    existing = {"metadata": {"name": "p", "uid": "other"}}
+
+    async def twice(k: Kube) -> Any:
+        return [await k.create("ns", pod), await k.create("ns", pod)]
+    result, server = against([(201, pod), (409, status_body(409, "exists")), (200, existing)], twice)
+    assert result == [None, existing]
+    assert [(s.method, s.path) for s in server.seen] == [
+        ("POST", "/api/v1/namespaces/ns/pods"), ("POST", "/api/v1/namespaces/ns/pods"),
+        ("GET", "/api/v1/namespaces/ns/pods/p")]
+    assert server.seen[0].body == pod and server.seen[0].content_type == "application/json"
+
+
+def test_a_refused_create_names_the_object_with_the_servers_message() -> None:
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
+    result, server = against([(422, status_body(422, "spec.ports: Required value"))], lambda k: k.create("ns", service))
+    assert isinstance(result, CreateError)
+    assert server.seen[0].path == "/api/v1/namespaces/ns/services"
+    failure = api_failure(result)
+    assert (failure.status, failure.message, failure.creating) == (422, "spec.ports: Required value", "service s")
+
+
+def test_deletes_ignore_what_is_gone_and_force_skips_the_grace_period() -> None:
+    async def deletes(k: Kube) -> None:
+        await k.delete_pod("ns", "p", force=True)
+        await k.delete_pod("ns", "q")
+        await k.delete_service("ns", "s")
+        await k.delete_job("ns", "j")
+    gone = (404, status_body(404, "not found"))
+    result, server = against([(200, {}), gone, (200, {}), gone], deletes)
+    assert result is None
+    assert [(s.method, s.path, s.query) for s in server.seen] == [
+        ("DELETE", "/api/v1/namespaces/ns/pods/p", {"gracePeriodSeconds": "0"}),
+        ("DELETE", "/api/v1/namespaces/ns/pods/q", {}),
+        ("DELETE", "/api/v1/namespaces/ns/services/s", {}),
+        ("DELETE", f"{JOBS}/j", {"propagationPolicy": "Background"})]
+
+
+def test_pods_are_listed_by_the_jobs_label_and_adopted_with_a_patch() -> None:
+    async def calls(k: Kube) -> Any:
+        pods = await k.list_job_pods("ns", "j")
+        await k.adopt_pod("ns", "p", {"uid": "u"})
+        return pods
+    result, server = against([(200, {"items": [{"metadata": {"name": "p"}}]}), (200, {})], calls)
+    assert result == [{"metadata": {"name": "p"}}]
+    listing, patch = server.seen
+    assert listing.query == {"labelSelector": f"{api.LABEL.JOB_NAME}=j"}
+    assert (patch.method, patch.path, patch.content_type) == (
+        "PATCH", "/api/v1/namespaces/ns/pods/p", "application/strategic-merge-patch+json")
+    assert patch.body == {"metadata": {"ownerReferences": [{"uid": "u"}]}}
+
+
+def test_a_401_logs_in_again_once() -> None:
+    """A service account's token is rotated by the kubelet: the next login reads the new one."""
+    unauthorized = (401, status_body(401, "Unauthorized"))
+    result, server = against([unauthorized, (200, {"items": []})], lambda k: k.list_job_pods("ns", "j"),
+                             tokens=["old", "new"])
+    assert result == []
+    assert [s.authorization for s in server.seen] == ["Bearer old", "Bearer new"]
+    result, server = against([unauthorized, unauthorized], lambda k: k.list_job_pods("ns", "j"), tokens=["a", "b"])
+    assert isinstance(result, ApiError) and api_failure(result).status == 401
+
+
+def test_failures_map_to_the_pure_cores_api_failure() -> None:
+    assert api_failure(ApiError(503, "Service Unavailable", "")).status == 503
+    assert api_failure(ApiError(403, "Forbidden", json.dumps(status_body(403, "exceeded quota")))).message == (
+        "exceeded quota")
+    for no_answer in (aiohttp.ServerDisconnectedError(), ConnectionRefusedError(111, "refused"), TimeoutError()):
+        assert api_failure(no_answer).status is None and not api_failure(no_answer).internal
+    assert api_failure(KeyError("metadata")).internal
+
+
+def test_an_api_server_that_does_not_answer_is_status_none() -> None:
+    async def call() -> Any:
+        client = Kube(lambda: kopf.ConnectionInfo(server="http://127.0.0.1:1"))
+        try:
+            return await client.get_job("ns", "j")
+        except Exception as error:
+            return error
+        finally:
+            await client.close()
+    failure = api_failure(asyncio.run(call()))
+    assert failure.status is None and not failure.internal
+
+
+def test_kubeconfig_login_reads_relative_files_from_the_kubeconfigs_folder(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kopf, "login_with_service_account", lambda **_: None)
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "k", "cluster": {"server": "https://10.1.2.3:6443",
+                                                     "certificate-authority": "ca.crt"}}],
+              "users": [{"name": "u", "user": {"client-certificate": "/abs/u.crt", "client-key": "u.key"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}
+    (tmp_path / "config").write_text(json.dumps(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
+    info = kube.login(kopf.OperatorSettings())
+    assert info.server == "https://10.1.2.3:6443"
+    assert (info.ca_path, info.certificate_path, info.private_key_path) == (
+        str(tmp_path / "ca.crt"), "/abs/u.crt", str(tmp_path / "u.key"))
+
+
+def test_service_account_login_uses_the_services_address_like_the_official_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    account = kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="sa")
+    monkeypatch.setattr(kopf, "login_with_service_account", lambda **_: account)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    info = kube.login(kopf.OperatorSettings())
+    assert (info.server, info.token) == ("https://[fd00::1]:443", "sa")
+
+
+# The operator's start-up as `kubetrain operator` runs it, stopped where it would serve metrics (after kopf,
+# the handlers and kopf's configuration are loaded): what is loaded, which login kopf would use, the RSS.
+OPERATOR_START = """
+import json, sys
+import prometheus_client
+
+def report(*_, **__):
+    # VmRSS, not ru_maxrss: that one keeps the parent's (pytest's) peak across fork and exec.
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    import kopf
+    from kopf._core.intents.causes import Activity
+    registry = kopf.get_default_registry()
+    logins = [h.id for h in registry._activities.get_handlers(activity=Activity.AUTHENTICATION)]
+    print(json.dumps({"kubernetes": sys.modules.get("kubernetes") is not None,
+                      "loaded": sorted(m for m in ("kopf", "kubetrain.handlers", "kubetrain.kube") if m in sys.modules),
+                      "logins": logins, "rss_mib": int(status["VmRSS"].split()[0]) / 1024}))
+    sys.exit(0)
+
+prometheus_client.start_http_server = report
+from kubetrain.cli import main
+main(["operator", "--all-namespaces", "--metrics-port=9"])
+"""
+
+
+def test_the_operator_process_never_loads_the_official_client() -> None:
+    done = subprocess.run([sys.executable, "-c", OPERATOR_START], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"operator start-up RSS: {facts['rss_mib']:.1f} MiB")
+    assert facts["kubernetes"] is False
+    assert facts["loaded"] == ["kopf", "kubetrain.handlers", "kubetrain.kube"]
+    assert [login.split(".")[-1] for login in facts["logins"]] == ["login_handler"]  # not kopf's client login
