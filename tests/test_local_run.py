@@ -113,3 +113,15 @@ def test_a_checkpoint_after_sigterm_gets_the_jobs_grace_period_not_torchruns_30_
         run.kill()
     assert (checkpoints / "checkpoint-after-sigterm").read_text() == "written", output
     assert "stopping: the trainer writes a checkpoint first" in output
+
+
+@pytest.mark.slow
+def test_output_to_a_pipe_keeps_long_paths_whole(tmp_path: Path) -> None:
+    """A log file or a pipe has no width: the checkpoint path is printed unbroken, whatever its length."""
+    workdir = tmp_path / ("a-rather-long-directory-name-" * 4) / "work"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(["python", "-c", "pass"])))
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    result = subprocess.run([str(VENV_BIN / "kubetrain"), "run", "job.yaml", "--workdir", str(workdir)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert str(workdir / "mine" / "checkpoints") in result.stdout, result.stdout
