@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -47,7 +46,7 @@ PEER_QPS = 200
 PEER_THREADS = 4
 KUBEFLOW = "/apis/kubeflow.org/v1"
 KUBETRAIN = "/apis/kubetrain.io/v1alpha1"
-PEER_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org"
+PEER_CRD = "pytorchjobs.kubeflow.org"
 BURST_JOBS = 50
 POLL_S = 0.025
 BURST_POLL_S = 0.2
@@ -162,13 +161,10 @@ class PeerOperator:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        from tests.lab.procs import stop_group
+
+        if self.process is not None:
+            stop_group(self.process)
         shutil.rmtree(PEER_CERT_DIR, ignore_errors=True)  # its "secret volume": a CA key, not to be left behind
 
 
@@ -178,7 +174,7 @@ def start_peer(ctx: Context, lab: Cluster) -> PeerOperator:
     if isinstance(found, PeerOperator):
         return found
     from tests.lab.build import ensure_peer_binary, peer_module_dir
-    from tests.lab.procs import wait_for
+    from tests.operator_fixtures import wait_crd_established
 
     started = time.monotonic()
     binary = ensure_peer_binary()
@@ -187,7 +183,7 @@ def start_peer(ctx: Context, lab: Cluster) -> PeerOperator:
             f"{time.monotonic() - started:.0f} s")
     lab.lab.kubectl("apply", "--server-side", "-f", str(crd))
     api = lab.lab.api
-    wait_for(lambda: _established(api.get(PEER_CRD)), 60, "the PyTorchJob CRD to be established", interval=0.2)
+    wait_crd_established(lab.lab, PEER_CRD)
     api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PEER_NAMESPACE}})
     api.post(f"/api/v1/namespaces/{PEER_NAMESPACE}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": PEER_SECRET}})
@@ -197,12 +193,6 @@ def start_peer(ctx: Context, lab: Cluster) -> PeerOperator:
     peer.start(lambda: api.get(f"/api/v1/namespaces/{PEER_NAMESPACE}/secrets/{PEER_SECRET}").get("data") or {})
     ctx.log(f"peer operator up (pid {peer.process.pid if peer.process else '?'})")
     return peer
-
-
-def _established(crd: Json) -> bool:
-    """Polled, not `kubectl wait`: right after a create, that fails at once on a CRD without conditions yet."""
-    conditions = crd.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def install_tiny_image(ctx: Context, lab: Cluster) -> None:

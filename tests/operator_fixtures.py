@@ -24,7 +24,7 @@ import yaml
 from kubetrain.ports import free_port
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
-from tests.lab.procs import wait_for
+from tests.lab.procs import stop_group, wait_for
 from tests.lab.rest import ApiError, Rest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,13 +84,8 @@ class OperatorProcess:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_group(self.process)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -103,13 +98,13 @@ def crd(lab: Lab) -> Path:
     return CRD
 
 
-def wait_crd_established(lab: Lab, timeout: float = 60) -> None:
+def wait_crd_established(lab: Lab, name: str = "trainingjobs.kubetrain.io", timeout: float = 60) -> None:
     """Polled, not `kubectl wait`: right after a create, that fails at once on a CRD without conditions yet."""
     def established() -> bool:
-        crd = lab.api.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.kubetrain.io")
+        crd = lab.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
         conditions = crd.get("status", {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-    wait_for(established, timeout, "the TrainingJob CRD to be established", interval=0.2)
+    wait_for(established, timeout, f"the CRD {name} to be established", interval=0.2)
 
 
 def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:

@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 
 from tests.lab.procs import file_lock, heartbeat, log_line
-from tests.lab.versions import BINARIES, GO_DIR, MODULES, GoModule, binary_path, cache_root, module_of
+from tests.lab.versions import (
+    BINARIES,
+    GO_DIR,
+    MODULES,
+    GoModule,
+    binary_path,
+    cache_root,
+    module_binary_path,
+    module_of,
+)
 
 HEARTBEAT_S = 30.0
 KUBEFLOW_TRAINING_OPERATOR_VERSION = "v1.9.4"
@@ -72,16 +81,12 @@ def _build_module(key: str, module: GoModule, names: list[str]) -> None:
     _log(f"built {', '.join(names)} in {time.monotonic() - started:.0f} s -> {out_dir}")
 
 
-def _module_binary(key: str, module: GoModule, name: str) -> Path:
-    return cache_root() / f"{key}-{module.version}" / name
-
-
 def _ensure_module_binary(key: str, module: GoModule, name: str) -> Path:
-    path = _module_binary(key, module, name)
+    path = module_binary_path(key, module, name)
     if path.exists():
         return path
     with file_lock(cache_root() / f".{key}.lock"):
-        missing = [n for n in module.packages if not _module_binary(key, module, n).exists()]
+        missing = [n for n in module.packages if not module_binary_path(key, module, n).exists()]
         if missing:
             _build_module(key, module, missing)
     return path
@@ -104,16 +109,21 @@ def ensure_peer_binary(name: str = "training-operator") -> Path:
     raise KeyError(f"unknown peer binary {name!r}")
 
 
-def peer_module_dir(key: str = "kubeflow") -> Path:
-    """The peer's source tree in the Go module cache (its CRDs live there), downloading it if needed."""
-    module = PEER_MODULES[key]
-    found = subprocess.run(
-        [go_binary(), "mod", "download", "-json", f"{KUBEFLOW_MODULE_PATH}@{module.version}"],
-        cwd=module.directory, capture_output=True, text=True, check=True).stdout
+def module_source_dir(module_path: str, version: str, cwd: Path) -> Path:
+    """A Go module's source tree in the module cache (its data files: CRDs, OpenAPI documents), downloaded
+    first when missing; ``cwd``: a module directory of the lab's whose go.mod and proxy settings apply."""
+    found = subprocess.run([go_binary(), "mod", "download", "-json", f"{module_path}@{version}"],
+                           cwd=cwd, capture_output=True, text=True, check=True).stdout
     directory = json.loads(found).get("Dir")
     if not directory:
-        raise FileNotFoundError(f"go mod download gave no directory for {KUBEFLOW_MODULE_PATH}@{module.version}")
+        raise FileNotFoundError(f"go mod download gave no directory for {module_path}@{version}")
     return Path(directory)
+
+
+def peer_module_dir(key: str = "kubeflow") -> Path:
+    """The peer's source tree in the Go module cache (its CRDs live there)."""
+    module = PEER_MODULES[key]
+    return module_source_dir(KUBEFLOW_MODULE_PATH, module.version, module.directory)
 
 
 def ensure_all() -> dict[str, Path]:
@@ -125,4 +135,4 @@ def missing_binaries() -> list[str]:
 
 
 __all__ = ["MODULES", "PEER_MODULES", "ensure_all", "ensure_binary", "ensure_peer_binary", "missing_binaries",
-           "peer_module_dir"]
+           "module_source_dir", "peer_module_dir"]

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -25,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from tests.lab.versions import KUBERNETES_VERSION
+from tests.lab.build import module_source_dir
+from tests.lab.versions import KUBERNETES_VERSION, MODULES
 
 Json = Any
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,20 +57,9 @@ class GeneratorError(Exception):
     """The OpenAPI document or the CRD's hand-written schema is not what the generator can merge."""
 
 
-def module_cache() -> Path:
-    """The Go module cache: $GOMODCACHE, else what `go env` says, else Go's default."""
-    if os.environ.get("GOMODCACHE"):
-        return Path(os.environ["GOMODCACHE"])
-    try:
-        found = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True,
-                               timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        found = ""
-    return Path(found) if found else Path.home() / "go" / "pkg" / "mod"
-
-
 def openapi_path() -> Path:
-    return module_cache() / f"k8s.io/kubernetes@{KUBERNETES_VERSION}/api/openapi-spec/v3/api__v1_openapi.json"
+    source = module_source_dir("k8s.io/kubernetes", KUBERNETES_VERSION, MODULES["k8s"].directory)
+    return source / "api" / "openapi-spec" / "v3" / "api__v1_openapi.json"
 
 
 @functools.cache

@@ -80,6 +80,19 @@ def kill_tree(pid: int, grace: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def stop_group(process: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """SIGTERM a child started in a session of its own (its whole process group), SIGKILL the group if it
+    is still there after ``grace`` seconds. Nothing to do when it has exited."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 class ManagedProcess:
     """A long-running component (etcd, apiserver...) with its log in the run directory."""
 

@@ -98,6 +98,11 @@ def module_of(binary: str) -> tuple[str, GoModule]:
     raise KeyError(f"unknown lab binary {binary!r}; known: {', '.join(BINARIES)}")
 
 
+def module_binary_path(key: str, module: GoModule, binary: str) -> Path:
+    """Where a binary of a Go module is cached, keyed by the module's name and version."""
+    return cache_root() / f"{key}-{module.version}" / binary
+
+
 def binary_path(binary: str) -> Path:
     key, module = module_of(binary)
-    return cache_root() / f"{key}-{module.version}" / binary
+    return module_binary_path(key, module, binary)
