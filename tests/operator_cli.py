@@ -27,10 +27,17 @@ class Launch:
     output: str
     run_kwargs: dict[str, Any] | None  # what kopf.run received; None when the command stopped earlier
     metrics_port: int | None  # the port the metrics server was started on
-    config: handlers.OperatorConfig  # what the handlers will use
     root_level: int  # the root logger's level after kopf.configure
     asyncio_propagates: bool  # asyncio's own log records reach the output (debug only)
     formatters: tuple[logging.Formatter, ...]  # of the log handlers kopf.configure installed
+
+    @property
+    def config(self) -> handlers.OperatorConfig:
+        """What the handlers will get through kopf's memo."""
+        assert self.run_kwargs is not None, f"the operator did not reach kopf.run: {self.output}"
+        config = self.run_kwargs["memo"]["config"]
+        assert isinstance(config, handlers.OperatorConfig)
+        return config
 
     def log_line(self, message: str, level: int = logging.INFO) -> str:
         """``message`` as the operator would write it."""
@@ -53,7 +60,6 @@ def launch_operator(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> Lau
     monkeypatch.setattr(kopf, "run", lambda **kwargs: recorded.setdefault("run", kwargs))
     monkeypatch.setattr(prometheus_client, "start_http_server",
                         lambda port, *_, **__: recorded.setdefault("port", port))
-    monkeypatch.setattr(handlers, "CONFIG", handlers.CONFIG)  # restored when the test ends
     root, aio = logging.getLogger(), logging.getLogger("asyncio")
     saved = (root.level, list(root.handlers), aio.propagate, list(aio.handlers))
     try:
@@ -64,7 +70,6 @@ def launch_operator(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> Lau
             output=result.output + _unexpected(result.exception),
             run_kwargs=recorded.get("run"),
             metrics_port=recorded.get("port"),
-            config=handlers.CONFIG,
             root_level=root.level,
             asyncio_propagates=aio.propagate,
             formatters=added,

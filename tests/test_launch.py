@@ -41,3 +41,14 @@ def test_the_program_is_the_same_in_a_pod_and_locally(tmp_path: Path) -> None:
     pod_args = build_pod(job, 0, attempt=0)["spec"]["containers"][0]["args"]
     local_command = plan_local_run(job, tmp_path, 29500, 9500).commands[0]
     assert list(local_command[-len(pod_args):]) == pod_args
+
+
+def test_an_elastic_gang_can_lose_every_node_its_range_allows() -> None:
+    document = yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text())
+    fixed = _pod_values(parse(document), 0)
+    assert fixed[api.ENV.MAX_RESTARTS] == "0" and "last_call" not in fixed[api.ENV.RDZV_CONF]
+    document["spec"] |= {"nodes": 3, "elastic": {"minNodes": 1, "maxNodes": 4},
+                         "failurePolicy": {"maxRestarts": 2}}
+    elastic = _pod_values(parse(document), 0)
+    assert elastic[api.ENV.MAX_RESTARTS] == "5", "its own 2, plus one per node the range lets go"
+    assert elastic[api.ENV.RDZV_CONF].split(",") == ["join_timeout=600", "read_timeout=600", "last_call_timeout=5"]

@@ -131,6 +131,37 @@ def test_evicted_pod_restarts_without_counting(lab: Lab, jobs: Jobs) -> None:
     assert status["failures"][0]["counted"] is False
 
 
+def test_a_job_evicted_over_and_over_ends_with_a_reason(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("evictedforever", spec("import time; time.sleep(600)", failurePolicy={"disruptionLimit": 1}))
+    for attempt in (0, 1):
+        jobs.wait(
+            "evictedforever", lambda s, a=attempt: s.get("attempt") == a and s.get("phase") == "Running",
+            f"attempt {attempt} running", timeout=120)
+        lab.api.post(f"/api/v1/namespaces/{jobs.namespace}/pods/evictedforever-0/eviction",
+                     {"apiVersion": "policy/v1", "kind": "Eviction",
+                      "metadata": {"name": "evictedforever-0", "namespace": jobs.namespace}})
+    status = jobs.wait_phase("evictedforever", "Failed", timeout=120)
+    assert condition(status, "Failed")["reason"] == "TooManyDisruptions"
+    assert "failurePolicy.disruptionLimit is 1" in status["message"], status["message"]
+    assert status["restarts"] == 0 and status["attempt"] == 1
+
+
+def test_a_gang_the_cluster_cannot_place_fails_with_rendezvous_timeout(lab: Lab, jobs: Jobs) -> None:
+    nodes = len(lab.node_names) + 1  # one pod per machine, required: one of them is never scheduled
+    one_per_machine = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": {"kubetrain.io/job-name": "unplaceable"}}}]}}
+    jobs.create("unplaceable", spec("print('never')", nodes=nodes, scheduling={"affinity": one_per_machine},
+                                    failurePolicy={"rendezvousTimeoutSeconds": 10}))
+    status = jobs.wait_phase("unplaceable", "Failed", timeout=120)
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "RendezvousTimeout", status
+    # The scheduler leaves any one of them out; if it is node 0 (the rendezvous host), the others cannot even
+    # reach the rendezvous: the same verdict.
+    assert any(f"unplaceable-{i} never started" in status["message"] for i in range(nodes)), status["message"]
+    assert status["restarts"] == 0 and status["attempt"] == 0
+
+
 def test_node_loss_restarts_the_gang_on_a_healthy_node(lab: Lab, jobs: Jobs) -> None:
     jobs.create("nodeloss", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"nodeLostTimeoutSeconds": 2}))
     node = running_pod(jobs, "nodeloss")["spec"]["nodeName"]
@@ -243,6 +274,34 @@ def test_elastic_job_grows_through_the_scale_subresource(lab: Lab, jobs: Jobs) -
     assert "world size 2" in lab.pod_log(jobs.namespace, "growing-0").read_text()
     scale = lab.api.get(f"/apis/kubetrain.io/v1alpha1/namespaces/{jobs.namespace}/trainingjobs/growing/scale")
     assert scale["spec"]["replicas"] == 2
+
+
+# gloo all-reduces until it has run with two processes: a peer that leaves fails the survivors' next one.
+UNTIL_SHRUNK_TO_TWO = (
+    "import time, torch, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "size = dist.get_world_size()\n"
+    "print('world size', size, flush=True)\n"
+    "for step in range(100000):\n"
+    "    dist.all_reduce(torch.ones(1))\n"
+    "    if size == 2 and step >= 5: break\n"
+    "    time.sleep(0.2)\n"
+    "dist.destroy_process_group()\n"
+)
+
+
+def test_elastic_job_shrinks_in_place_without_a_restart(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("shrinking", spec(UNTIL_SHRUNK_TO_TWO, nodes=3, elastic={"minNodes": 2, "maxNodes": 3}))
+    jobs.wait_phase("shrinking", "Running", timeout=180)
+    wait_for(lambda: "world size 3" in lab.pod_log(jobs.namespace, "shrinking-0").read_text(), 120,
+             "the workers to start with world size 3", interval=0.5)
+    lab.kubectl("scale", "-n", jobs.namespace, "tj/shrinking", "--replicas=2")
+    status = jobs.wait_phase("shrinking", "Succeeded", timeout=240)
+    assert status["attempt"] == 0 and status["restarts"] == 0, "torchrun re-rendezvous in place"
+    assert not status.get("failures") and not status.get("disruptions")
+    assert status["nodes"]["desired"] == 2
+    assert "world size 2" in lab.pod_log(jobs.namespace, "shrinking-1").read_text()
+    assert "ScaledDown" in {e["reason"] for e in jobs.events("shrinking")}
 
 
 def test_watch_follows_a_job_to_its_end(lab: Lab, jobs: Jobs) -> None:

@@ -320,12 +320,31 @@ class TestElastic:
         assert decision.status["attempt"] == 0
         assert reasons(decision) == ["Scaled"]
 
-    def test_scale_down_regroups_the_gang_without_counting(self) -> None:
+    def test_scale_down_deletes_the_pods_above_nodes_and_keeps_the_attempt(self) -> None:
         pods = states(pod(0), pod(1), pod(2))
         decision = reconcile(self.elastic(2), running(nodes={"desired": 3}), pods, NOW)
+        assert decision.delete == ("valid-2",)
+        assert decision.status["phase"] == "Running"
+        assert decision.status["attempt"] == 0 and decision.status["restarts"] == 0
+        assert decision.status["nodes"]["desired"] == 2
+        assert reasons(decision) == ["ScaledDown"]
+
+    def test_a_leaving_pods_exit_is_not_a_failure(self) -> None:
+        leaving = pod(2, phase="Failed", deleting="2026-11-01T10:09:00Z", exit_code=1)
+        decision = reconcile(self.elastic(2), running(nodes={"desired": 3}), states(pod(0), pod(1), leaving), NOW)
+        assert decision.status["phase"] == "Running" and decision.status["attempt"] == 0
+        assert "failures" not in decision.status and reasons(decision) == []
+
+    def test_survivors_succeed_while_the_leaving_pod_terminates(self) -> None:
+        done = [pod(i, phase="Succeeded", exit_code=0) for i in (0, 1)]
+        decision = reconcile(self.elastic(2), running(nodes={"desired": 3}),
+                             states(*done, pod(2, deleting="2026-11-01T10:09:00Z")), NOW)
+        assert decision.status["phase"] == "Succeeded"
+
+    def test_a_fixed_size_job_regroups_the_gang_without_counting(self) -> None:
+        decision = reconcile(job(nodes=2), running(nodes={"desired": 3}), states(pod(0), pod(1), pod(2)), NOW)
         assert decision.status["phase"] == "Restarting"
-        assert decision.status["restarts"] == 0
-        assert decision.status["attempt"] == 1
+        assert decision.status["restarts"] == 0 and decision.status["attempt"] == 1
         assert "scaled from 3 to 2" in decision.status["message"]
 
 
@@ -529,8 +548,20 @@ class TestRendezvousTimeout:
         failed = condition(decision, "Failed")
         assert failed["reason"] == "RendezvousTimeout"
         assert "rendezvousTimeoutSeconds=120" in failed["message"]
-        assert "valid-1 were never scheduled" in failed["message"]
+        assert "valid-1 never started" in failed["message"]
         assert "RendezvousTimeoutError" in decision.status["failures"][-1]["logTail"]
+
+    def test_a_pod_placed_after_its_peers_exited_is_named_too(self) -> None:
+        pods = states(pod(0, "Failed", exit_code=1, message=self.TAIL), pod(1, "Pending", scheduled=True))
+        message = condition(reconcile(job(), running(), pods, NOW), "Failed")["message"]
+        assert "valid-1 never started" in message
+
+    def test_peers_that_never_reached_an_unstarted_node_0_are_a_rendezvous_timeout(self) -> None:
+        lost = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
+        pods = states(pod(0, "Pending", scheduled=False), pod(1, "Failed", exit_code=1, message=lost))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert condition(decision, "Failed")["reason"] == "RendezvousTimeout"
+        assert "valid-0 never started" in condition(decision, "Failed")["message"]
 
     def test_another_error_of_torchrun_is_a_counted_restart(self) -> None:
         tail = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: the store failed"
@@ -568,8 +599,8 @@ class TestDisruptionBound:
         elastic = job(nodes=2, elastic={"minNodes": 1, "maxNodes": 4})
         status = running(nodes={"desired": 3}, disruptions=DISRUPTION_LIMIT)
         decision = reconcile(elastic, status, states(pod(0), pod(1), pod(2)), NOW)
-        assert decision.status["phase"] == "Restarting"
-        assert decision.status["disruptions"] == DISRUPTION_LIMIT
+        assert decision.status["phase"] == "Running"
+        assert decision.status.get("disruptions", DISRUPTION_LIMIT) == DISRUPTION_LIMIT
 
 
 class TestAbsurdReports:

@@ -26,6 +26,7 @@ __all__ = [
     "LOG_LINE_RANK",
     "METRICS_PORT",
     "PLURAL",
+    "POD_GROUP",
     "RENDEZVOUS_PORT",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
@@ -68,6 +69,16 @@ MAX_NODES: Final = 512
 MAX_FAILURES_KEPT: Final = 20
 # Characters of a failed pod's termination message kept in its failure record (the kubelet keeps at most 4096).
 LOG_TAIL_CHARS: Final = 2048
+
+
+class POD_GROUP:
+    """scheduler-plugins' PodGroup: the coscheduling plugin binds a group's pods all or none."""
+
+    GROUP: Final = "scheduling.x-k8s.io"
+    VERSION: Final = "v1alpha1"
+    KIND: Final = "PodGroup"
+    PLURAL: Final = "podgroups"
+    LABEL: Final = f"{GROUP}/pod-group"  # on each pod: the name of its PodGroup
 
 
 class LABEL:
@@ -182,6 +193,7 @@ class Reason(StrEnum):
     RESUMED = "Resumed"
     GANG_RESTART = "GangRestart"
     SCALED = "Scaled"
+    SCALED_DOWN = "ScaledDown"  # an elastic gang let its highest-index pods go and re-rendezvoused in place
     INVALID_POD_SPEC = "InvalidPodSpec"  # the API server refused the pods the spec makes: retrying cannot help
     QUOTA_EXCEEDED = "QuotaExceeded"
     FORBIDDEN = "Forbidden"

@@ -177,14 +177,14 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
 
     from kubetrain import handlers
 
-    handlers.configure(handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image))
+    config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image)
     kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",
                    log_format=kopf.LogFormat[log_format.upper()])
     if metrics_port:
         start_http_server(metrics_port)
     # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.
     kopf.run(standalone=True, clusterwide=all_namespaces, namespaces=namespaces,
-             liveness_endpoint=liveness or None)
+             liveness_endpoint=liveness or None, memo=kopf.Memo(config=config))
 
 
 @main.command("watch")

@@ -48,7 +48,7 @@ class OperatorConfig:
     progress_interval: float = 10.0  # seconds between scrapes of a running job's metrics
     trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
     resync_interval: float = 30.0  # every job is reconciled at least this often
-    api_threads: int = 16
+    api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
 
 
 @dataclass
@@ -75,17 +75,10 @@ class OperatorState:
         metrics.set_job_phases(self.phases)
 
 
-CONFIG = OperatorConfig()
-
-
-def configure(config: OperatorConfig) -> None:
-    """Set the configuration before kopf starts (called by the CLI)."""
-    global CONFIG  # noqa: PLW0603 - kopf's startup handler has no other way to receive CLI settings
-    CONFIG = config
-
-
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """The CLI hands its settings over in kopf's memo (``kopf.run(memo=...)``): no module global."""
+    config: OperatorConfig = memo.get("config") or OperatorConfig()
     # Only pods that belong to a TrainingJob are watched (server-side selector): the operator's
     # memory stays flat however many other pods the cluster runs.
     settings.watching.label_selectors["pods"] = api.LABEL.JOB_NAME
@@ -99,8 +92,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # kopf never retries on.event handlers: a failed reconcile is retried by our scheduler (see
     # _reconcile_measured); this only covers errors of kopf's own machinery.
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
-    kube = Kube(lambda: login(settings), connections=CONFIG.api_threads)
-    state = OperatorState(config=CONFIG, kube=kube, http=aiohttp.ClientSession())
+    kube = Kube(lambda: login(settings), connections=config.api_connections)
+    state = OperatorState(config=config, kube=kube, http=aiohttp.ClientSession())
     memo["state"] = state
 
 

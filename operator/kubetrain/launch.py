@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from kubetrain import api
 from kubetrain.spec import TrainingJob, thaw
 
-__all__ = ["Placement", "launch_env", "program_args", "rendezvous_id", "worker_shutdown_seconds"]
+__all__ = ["Placement", "in_place_restarts", "launch_env", "program_args", "rendezvous_conf", "rendezvous_id",
+           "worker_shutdown_seconds"]
 
 # Seconds torchrun keeps for itself between its workers' deadline and the pod's: it reports and exits in time.
 AGENT_EXIT_SECONDS = 2
+# How long an elastic rendezvous that has its minNodes waits for more agents before it starts.
+ELASTIC_LAST_CALL_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,34 @@ def worker_shutdown_seconds(job: TrainingJob) -> int:
     return max(1, job.spec.run_policy.termination_grace_period_seconds - AGENT_EXIT_SECONDS)
 
 
+def rendezvous_conf(job: TrainingJob) -> str:
+    """torchrun's --rdzv-conf.
+
+    Agents wait join_timeout for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
+    read_timeout is how long the others wait for node 0 to open the rendezvous store (torch's default 60 s):
+    the same bound, or a node 0 that waits minutes for a machine (an autoscaler) fails its peers early.
+    An elastic rendezvous that has its minimum waits last_call_timeout for more agents (torch's default 30 s);
+    the operator creates a gang's pods at once, so a short last call only sends a straggler to the next round.
+    """
+    seconds = job.spec.failure_policy.rendezvous_timeout_seconds
+    conf = f"join_timeout={seconds},read_timeout={seconds}"
+    if job.spec.elastic is not None:
+        conf += f",last_call_timeout={ELASTIC_LAST_CALL_SECONDS}"
+    return conf
+
+
+def in_place_restarts(job: TrainingJob) -> int:
+    """torchrun's --max-restarts.
+
+    When a node leaves an elastic gang, every survivor's workers fail on the lost peer and their agent spends
+    one in-place restart to re-rendezvous with the nodes left: the range's width is added, so that shrinking
+    to minNodes never fails a pod.
+    """
+    spec = job.spec
+    width = spec.elastic.max_nodes - spec.elastic.min_nodes if spec.elastic is not None else 0
+    return spec.failure_policy.max_restarts + width
+
+
 def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement) -> dict[str, str]:
     """The variables every agent of node ``index`` gets (the user's own env comes after, from the caller)."""
     spec = job.spec
@@ -60,9 +91,8 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         api.ENV.RDZV_BACKEND: "c10d",
         api.ENV.RDZV_ENDPOINT: placement.rendezvous_endpoint,
         api.ENV.RDZV_ID: rendezvous_id(job, attempt),
-        # Agents wait this long for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
-        api.ENV.RDZV_CONF: f"join_timeout={spec.failure_policy.rendezvous_timeout_seconds}",
-        api.ENV.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
+        api.ENV.RDZV_CONF: rendezvous_conf(job),
+        api.ENV.MAX_RESTARTS: str(in_place_restarts(job)),
         api.ENV.SHUTDOWN_TIMEOUT: str(worker_shutdown_seconds(job)),
         api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below
         api.ENV.LOG_LINE_PREFIX: api.LOG_LINE_PREFIX,

@@ -12,8 +12,10 @@ Failure taxonomy (decided from pod status, never guessed):
 - no heartbeat for stallTimeoutSeconds while Running, as seen by a scrape of rank 0 -> condition Stalled and
   a counted gang restart; while rank 0 cannot be scraped, progress is unknown (condition ProgressKnown False,
   reason ScrapeFailed), which is never a stall;
-- torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds) -> Failed at once;
-- more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions).
+- torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds), or the agents'
+  RendezvousConnectionError while node 0 (the rendezvous host) never started -> Failed at once;
+- more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions);
+- an elastic job's nodes lowered -> the pods above it are deleted, the rest re-rendezvous: no restart at all.
 Pods of an earlier job of the same name (another uid) are never this job's: they are deleted first.
 When carrying out a decision fails, ``failed_reconcile`` decides: pods the API server refuses as invalid
 fail the job; anything else is retried with backoff and shown in condition ReconcileError.
@@ -34,6 +36,7 @@ from kubetrain.api import ConditionType, Phase, Reason
 from kubetrain.manifests import job_selector, pod_name
 from kubetrain.spec import TrainingJob
 from kubetrain.status import (
+    RENDEZVOUS_CONNECTION_ERROR,
     FailureKind,
     PodState,
     Progress,
@@ -337,6 +340,8 @@ def _run(draft: _Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) -
         draft.status["nodes"] = count_nodes(spec.nodes, current).as_status()
         return
 
+    if spec.elastic is not None:
+        current = _shrink_in_place(draft, current)
     if _handle_failures(draft, current) or _handle_success(draft, current):
         return
     if _handle_lost_or_extra(draft, current) or _handle_stall(draft, current):
@@ -418,7 +423,7 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
     if not failed:
         return False
     first = failed[0]
-    kind = first.failure_kind
+    kind = FailureKind.RENDEZVOUS_TIMEOUT if _host_never_came(first, current) else first.failure_kind
     message = _describe(first)
     report = first.final_report() or {}
     if report.get("reason") == "ConfigError":
@@ -442,11 +447,21 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
     return True
 
 
+def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
+    """The agents could not reach the rendezvous store because node 0, which hosts it, never started: the gang
+    did not form, as surely as when torchrun's join timeout passes (launch.rendezvous_conf makes both waits
+    rendezvousTimeoutSeconds long)."""
+    host = next((p for p in current if p.index == 0), None)
+    return RENDEZVOUS_CONNECTION_ERROR in (first.message or "") and (host is None or host.phase == "Pending")
+
+
 def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState]) -> str:
     seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
-    unplaced = [p.name for p in current if not p.scheduled]
-    where = (f"pod(s) {', '.join(unplaced)} were never scheduled (see their events)" if unplaced
-             else "every pod was placed, but not all of them joined (see `kubetrain logs`)")
+    # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
+    # placed the moment its peers exit, before this reconcile sees them; either way it never started.
+    unstarted = [p.name for p in current if p.phase == "Pending"]
+    where = (f"pod(s) {', '.join(unstarted)} never started (see their events: unschedulable, image pull, ...)"
+             if unstarted else "every pod started, but not all of them joined (see `kubetrain logs`)")
     return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
             f"{seconds}: {where}; not retried, as the same gang would wait the same way")
 
@@ -519,6 +534,23 @@ def _last_seen(status: Mapping[str, Json]) -> datetime | None:
     if known is None or known.get("status") != "True":
         return None
     return parse_time((status.get("progress") or {}).get("updatedAt"))
+
+
+def _shrink_in_place(draft: _Draft, current: Sequence[PodState]) -> list[PodState]:
+    """An elastic gang shrinks without a restart: the pods above spec.nodes leave, whatever their exit.
+
+    The survivors' workers fail on the lost peers and their torchrun agents re-rendezvous with the nodes left,
+    at the same attempt (launch.in_place_restarts gives them the restarts for it). Returns the pods that stay.
+    """
+    nodes = draft.job.spec.nodes
+    leaving = [p for p in current if p.index >= nodes]
+    if any(not p.deleting for p in leaving):
+        names = ", ".join(p.name for p in leaving)
+        draft.events.append(Event("Normal", Reason.SCALED_DOWN,
+                                  f"scaling in place to {nodes} nodes: deleting pod(s) {names}; the others "
+                                  "re-rendezvous at the same attempt"))
+    draft.remove(leaving)
+    return [p for p in current if p.index < nodes]
 
 
 def _progress_attempt(draft: _Draft, current: Sequence[PodState], blocked: Sequence[str] = ()) -> None:
