@@ -26,7 +26,7 @@ __all__ = [
     "LOG_LINE_RANK",
     "METRICS_PORT",
     "PLURAL",
-    "POD_GROUP",
+    "PODGROUP",
     "RENDEZVOUS_PORT",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
@@ -71,7 +71,7 @@ MAX_FAILURES_KEPT: Final = 20
 LOG_TAIL_CHARS: Final = 2048
 
 
-class POD_GROUP:
+class PODGROUP:
     """scheduler-plugins' PodGroup: the coscheduling plugin binds a group's pods all or none."""
 
     GROUP: Final = "scheduling.x-k8s.io"
