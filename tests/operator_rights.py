@@ -28,9 +28,10 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 VERBS = {"list": "list", "read": "get", "get": "get", "create": "create", "patch": "patch", "replace": "update",
          "delete": "delete"}
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, and its one custom resource.
-KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL)}
+KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
+         "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL)}
 CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
-CLIENT_ATTRIBUTES = ("_core", "_custom")
+CLIENT_ATTRIBUTES = ("_core", "_custom", "_pod_groups")
 
 
 def client_rule(method: str) -> Rule:

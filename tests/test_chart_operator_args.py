@@ -76,6 +76,8 @@ def test_operator_accepts_and_applies_the_chart_args(case: tuple[Path, str], mon
     assert (launch.root_level, launch.asyncio_propagates) == (ROOT_LEVEL[level], level == "debug")
     _assert_log_format(launch, _value(values, "logFormat", setting))
     assert launch.config.trainer_image == _rendered(args, "--trainer-image")
+    gang = (yaml.safe_load(values.read_text()) or {}).get("gangScheduling", {}).get("schedulerName", "")
+    assert launch.config.pod_group_scheduler == gang
     assert launch.metrics_port == _value(values, "metricsPort", setting)
 
 

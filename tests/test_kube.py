@@ -131,7 +131,7 @@ def test_deletes_ignore_what_is_gone_and_force_skips_the_grace_period() -> None:
     async def deletes(k: Kube) -> None:
         await k.delete_pod("ns", "p", force=True)
         await k.delete_pod("ns", "q")
-        await k.delete_service("ns", "s")
+        await k.delete_companion("ns", "Service", "s")
         await k.delete_job("ns", "j")
     gone = (404, status_body(404, "not found"))
     result, server = against([(200, {}), gone, (200, {}), gone], deletes)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kubetrain import api
-from kubetrain.manifests import build_pod, build_pods, build_service
+from kubetrain.manifests import build_pod, build_pod_group, build_pods, build_service
 from kubetrain.spec import TrainingJob, parse
 from tests.invalid_specs import base_job
 
@@ -58,6 +58,21 @@ def test_headless_service_publishes_unready_pods() -> None:
     assert service["spec"]["publishNotReadyAddresses"] is True
     # Only this job's pods: never those of an earlier job of the same name.
     assert service["spec"]["selector"] == {api.LABEL.JOB_NAME: "valid", api.LABEL.JOB_UID: job.uid}
+
+
+def test_a_pod_group_only_when_a_gang_scheduler_is_named() -> None:
+    document = base_job()
+    plain = build_pod(_job(document), 0, attempt=0)
+    assert "schedulerName" not in plain["spec"] and api.PODGROUP.LABEL not in plain["metadata"]["labels"]
+    gang = build_pod(_job(document), 0, attempt=0, pod_group_scheduler="coscheduler")
+    assert gang["spec"]["schedulerName"] == "coscheduler"
+    assert gang["metadata"]["labels"][api.PODGROUP.LABEL] == "valid"
+    assert build_pod_group(_job(document))["spec"]["minMember"] == 2
+    document["spec"] |= {"elastic": {"minNodes": 1, "maxNodes": 4}}
+    assert build_pod_group(_job(document))["spec"]["minMember"] == 1
+    document["spec"]["scheduling"] = {"schedulerName": "their-own"}
+    own = build_pod(_job(document), 0, attempt=0, pod_group_scheduler="coscheduler")
+    assert own["spec"]["schedulerName"] == "their-own"
 
 
 def test_every_child_carries_the_job_uid_and_selects_by_it() -> None:

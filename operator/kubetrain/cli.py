@@ -11,7 +11,7 @@ import click
 import yaml
 
 from kubetrain import api
-from kubetrain.manifests import build_pods, build_service
+from kubetrain.manifests import build_pod_group, build_pods, build_service
 from kubetrain.schema import Problem, field_problems
 from kubetrain.spec import SpecError, TrainingJob, parse, validate
 
@@ -85,6 +85,12 @@ trainer_image_option = click.option(
     "--trainer-image", default=api.DEFAULT_TRAINER_IMAGE, show_default=True, metavar="REF",
     callback=_image_reference, help="Image of the pods of jobs that leave spec.image unset.")
 
+pod_group_option = click.option(
+    "--pod-group-scheduler", default="", metavar="NAME",
+    help="Gang scheduling through scheduler-plugins' coscheduling: give every job a PodGroup (minMember = "
+         "its nodes) and its pods schedulerName NAME (e.g. scheduler-plugins-scheduler), unless the job sets "
+         "spec.scheduling.schedulerName. Empty: no PodGroups.")
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kubetrain")
@@ -117,10 +123,14 @@ def validate_command(files: tuple[Path, ...]) -> None:
 @click.option("--namespace", "-n", default=None, help="Namespace of the rendered objects (default: the job's).")
 @click.option("--attempt", default=0, show_default=True, help="Attempt number to render the pods for.")
 @trainer_image_option
-def render_command(file: Path, namespace: str | None, attempt: int, trainer_image: str) -> None:
-    """Print the Service and pods the operator would create for FILE, as YAML."""
+@pod_group_option
+def render_command(file: Path, namespace: str | None, attempt: int, trainer_image: str,
+                   pod_group_scheduler: str) -> None:
+    """Print the Service (and PodGroup) and the pods the operator would create for FILE, as YAML."""
     job = load_job(file, namespace)
-    objects = [build_service(job), *build_pods(job, attempt, default_image=trainer_image)]
+    companions = [build_service(job), *([build_pod_group(job)] if pod_group_scheduler else [])]
+    objects = [*companions, *build_pods(job, attempt, default_image=trainer_image,
+                                        pod_group_scheduler=pod_group_scheduler)]
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
@@ -164,8 +174,10 @@ def run_command(file: Path, workdir: Path) -> None:
               help="plain: the message (the kubelet adds timestamps); full: time, logger and level; "
                    "json: one object per line.")
 @trainer_image_option
+@pod_group_option
 def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int, liveness: str,
-                     progress_interval: float, log_level: str, log_format: str, trainer_image: str) -> None:
+                     progress_interval: float, log_level: str, log_format: str, trainer_image: str,
+                     pod_group_scheduler: str) -> None:
     """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
     if not namespaces and not all_namespaces:
         raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
@@ -177,7 +189,8 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
 
     from kubetrain import handlers
 
-    config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image)
+    config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image,
+                                     pod_group_scheduler=pod_group_scheduler)
     kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",
                    log_format=kopf.LogFormat[log_format.upper()])
     if metrics_port:

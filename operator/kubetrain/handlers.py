@@ -23,7 +23,7 @@ import kopf
 
 from kubetrain import api, metrics
 from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, login
-from kubetrain.manifests import build_pod, build_service, owner_reference
+from kubetrain.manifests import build_pod, build_pod_group, build_service, owner_reference
 from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
@@ -49,6 +49,7 @@ class OperatorConfig:
     trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
     resync_interval: float = 30.0  # every job is reconciled at least this often
     api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
+    pod_group_scheduler: str = ""  # a coscheduling scheduler's name: each job gets a PodGroup, its pods that name
 
 
 @dataclass
@@ -295,9 +296,10 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
     await _all(kube.adopt_pod(job.namespace, pod["metadata"]["name"], owner_reference(job)) for pod in pods
                if owned_by(pod["metadata"]) == job.uid and not pod["metadata"].get("ownerReferences"))
     if decision.create:
-        await _create_service(state, job, logger)
+        await _create_companions(state, job, logger)
         attempt = int(decision.status["attempt"])
-        new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image)
+        new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image,
+                              pod_group_scheduler=state.config.pod_group_scheduler)
                     for index in decision.create]
         for pod, existing in zip(new_pods, await _all(kube.create(job.namespace, pod) for pod in new_pods),
                                  strict=True):
@@ -320,18 +322,26 @@ async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
     return cast(list[T], results)
 
 
-async def _create_service(state: OperatorState, job: TrainingJob, logger: HandlerLogger) -> None:
-    """The headless Service; one left by a deleted job of the same name (--cascade=orphan) is replaced."""
-    service = build_service(job)
-    existing = await state.kube.create(job.namespace, service)
+async def _create_companions(state: OperatorState, job: TrainingJob, logger: HandlerLogger) -> None:
+    """The headless Service, and the PodGroup when a gang scheduler places the pods."""
+    await _create_companion(state, job, build_service(job), logger)
+    if state.config.pod_group_scheduler:
+        await _create_companion(state, job, build_pod_group(job), logger)
+
+
+async def _create_companion(state: OperatorState, job: TrainingJob, body: Json, logger: HandlerLogger) -> None:
+    """Create one object named after the job; one left by a deleted job of the same name (--cascade=orphan)
+    is replaced."""
+    kind = body["kind"]
+    existing = await state.kube.create(job.namespace, body)
     if existing is None or owned_by(existing["metadata"]) == job.uid:
         return
     if existing["metadata"].get("labels", {}).get(api.LABEL.JOB_NAME) == job.name:
-        logger.info("replacing Service %s left by a previous job named %s", job.name, job.name)
-        await state.kube.delete_service(job.namespace, job.name)
-        existing = await state.kube.create(job.namespace, service)
+        logger.info("replacing %s %s left by a previous job named %s", kind, job.name, job.name)
+        await state.kube.delete_companion(job.namespace, kind, job.name)
+        existing = await state.kube.create(job.namespace, body)
     if existing is not None and owned_by(existing["metadata"]) != job.uid:
-        raise _name_taken(job, "service", job.name, existing)
+        raise _name_taken(job, kind.lower(), job.name, existing)
 
 
 def _name_taken(job: TrainingJob, kind: str, name: str, existing: Json) -> CreateError:

@@ -199,6 +199,28 @@ class _CoreV1:
         return await self._rest.request("DELETE", self._path(namespace, "services", name))
 
 
+class _PodGroups:
+    """scheduler-plugins' PodGroups (only with ``--pod-group-scheduler``), named like a generated client's."""
+
+    def __init__(self, rest: _Rest) -> None:
+        self._rest = rest
+
+    @staticmethod
+    def _path(namespace: str, name: str = "") -> str:
+        group = api.PODGROUP
+        return (f"/apis/{group.GROUP}/{group.VERSION}/namespaces/{namespace}/{group.PLURAL}"
+                + (f"/{name}" if name else ""))
+
+    async def create_namespaced_pod_group(self, namespace: str, body: Json) -> Json:
+        return await self._rest.request("POST", self._path(namespace), body=body)
+
+    async def read_namespaced_pod_group(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("GET", self._path(namespace, name))
+
+    async def delete_namespaced_pod_group(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("DELETE", self._path(namespace, name))
+
+
 class _CustomObjects:
     """The TrainingJob calls the operator makes, named like the official client's CustomObjectsApi."""
 
@@ -228,6 +250,7 @@ class Kube:
         self._rest = _Rest(login, connections)
         self._core = _CoreV1(self._rest)
         self._custom = _CustomObjects(self._rest)
+        self._pod_groups = _PodGroups(self._rest)
 
     async def close(self) -> None:
         await self._rest.close()
@@ -267,13 +290,16 @@ class Kube:
             _raise_unless_missing(error)
 
     async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
-        """Create a pod or a Service: None when created, else the object of that name that exists already.
+        """Create a pod, a Service or a PodGroup: None when created, else the object of that name that exists.
 
         Any other refusal raises CreateError naming the object.
         """
-        is_pod = body["kind"] == "Pod"
-        create = self._core.create_namespaced_pod if is_pod else self._core.create_namespaced_service
-        read = self._core.read_namespaced_pod if is_pod else self._core.read_namespaced_service
+        create, read = {
+            "Pod": (self._core.create_namespaced_pod, self._core.read_namespaced_pod),
+            "Service": (self._core.create_namespaced_service, self._core.read_namespaced_service),
+            api.PODGROUP.KIND: (self._pod_groups.create_namespaced_pod_group,
+                                self._pod_groups.read_namespaced_pod_group),
+        }[body["kind"]]
         name = body["metadata"]["name"]
         try:
             await create(namespace, body)
@@ -288,9 +314,12 @@ class Kube:
                 raise ConflictError(f"{body['kind'].lower()} {name} was deleted while creating it") from error
         return None
 
-    async def delete_service(self, namespace: str, name: str) -> None:
+    async def delete_companion(self, namespace: str, kind: str, name: str) -> None:
+        """Delete the job's Service or PodGroup (one that a deleted job of the same name left)."""
+        delete = (self._pod_groups.delete_namespaced_pod_group if kind == api.PODGROUP.KIND
+                  else self._core.delete_namespaced_service)
         try:
-            await self._core.delete_namespaced_service(name, namespace)
+            await delete(name, namespace)
         except ApiError as error:
             _raise_unless_missing(error)
 

@@ -17,6 +17,7 @@ from kubetrain.spec import TrainingJob, thaw
 
 __all__ = [
     "build_pod",
+    "build_pod_group",
     "build_pods",
     "build_service",
     "container_image",
@@ -92,6 +93,23 @@ def build_service(job: TrainingJob) -> dict[str, Json]:
                 {"name": "rendezvous", "port": api.RENDEZVOUS_PORT, "targetPort": api.RENDEZVOUS_PORT},
                 {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT},
             ],
+        },
+    }
+
+
+def build_pod_group(job: TrainingJob) -> dict[str, Json]:
+    """scheduler-plugins' PodGroup of the job (``kubetrain operator --pod-group-scheduler``): the coscheduling
+    plugin binds none of the job's pods until it can bind minMember of them, so a gang never half-starts."""
+    spec = job.spec
+    return {
+        "apiVersion": f"{api.PODGROUP.GROUP}/{api.PODGROUP.VERSION}",
+        "kind": api.PODGROUP.KIND,
+        "metadata": _metadata(job, job.name, job_labels(job)),
+        "spec": {
+            # An elastic job runs with minNodes; more pods join as they are placed.
+            "minMember": spec.elastic.min_nodes if spec.elastic is not None else spec.nodes,
+            # How long placed pods wait for the rest of the group: as long as torchrun's rendezvous waits.
+            "scheduleTimeoutSeconds": spec.failure_policy.rendezvous_timeout_seconds,
         },
     }
 
@@ -180,12 +198,15 @@ def container_image(job: TrainingJob, default_image: str) -> str:
     return job.spec.image or default_image
 
 
-def build_pod(job: TrainingJob, index: int, attempt: int, *,
-              default_image: str = api.DEFAULT_TRAINER_IMAGE) -> dict[str, Json]:
-    """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image."""
+def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
+              pod_group_scheduler: str = "") -> dict[str, Json]:
+    """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image;
+    with ``pod_group_scheduler`` the pod joins the job's PodGroup and is placed by that scheduler."""
     spec = job.spec
     name = pod_name(job.name, index)
     labels = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
+    if pod_group_scheduler:
+        labels[api.PODGROUP.LABEL] = job.name
     metadata = _metadata(job, name, labels)
     metadata["annotations"] = {f"{api.ANNOTATION_PREFIX}rendezvous-id": rendezvous_id(job, attempt)}
     volumes, mounts = _volumes(job)
@@ -223,23 +244,31 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *,
         }],
         "volumes": volumes,
         "tolerations": _tolerations(job),
+        **_placement(job, pod_group_scheduler),
     }
-    scheduling = spec.scheduling
-    if scheduling.node_selector:
-        pod_spec["nodeSelector"] = thaw(scheduling.node_selector)
-    if scheduling.affinity:
-        pod_spec["affinity"] = thaw(scheduling.affinity)
-    elif spec.nodes > 1 or spec.elastic is not None:
-        pod_spec["affinity"] = _spread(job)
-    if scheduling.priority_class_name:
-        pod_spec["priorityClassName"] = scheduling.priority_class_name
-    if scheduling.scheduler_name:
-        pod_spec["schedulerName"] = scheduling.scheduler_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_pods(job: TrainingJob, attempt: int, *,
-               default_image: str = api.DEFAULT_TRAINER_IMAGE) -> Iterator[dict[str, Json]]:
+def _placement(job: TrainingJob, pod_group_scheduler: str) -> dict[str, Json]:
+    """The pod spec's scheduling fields: the job's own, else the operator's defaults."""
+    spec = job.spec
+    scheduling = spec.scheduling
+    placement: dict[str, Json] = {}
+    if scheduling.node_selector:
+        placement["nodeSelector"] = thaw(scheduling.node_selector)
+    if scheduling.affinity:
+        placement["affinity"] = thaw(scheduling.affinity)
+    elif spec.nodes > 1 or spec.elastic is not None:
+        placement["affinity"] = _spread(job)
+    if scheduling.priority_class_name:
+        placement["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.scheduler_name or pod_group_scheduler:
+        placement["schedulerName"] = scheduling.scheduler_name or pod_group_scheduler
+    return placement
+
+
+def build_pods(job: TrainingJob, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
+               pod_group_scheduler: str = "") -> Iterator[dict[str, Json]]:
     """Every pod of an attempt, one per desired node."""
     for index in range(job.spec.nodes):
-        yield build_pod(job, index, attempt, default_image=default_image)
+        yield build_pod(job, index, attempt, default_image=default_image, pod_group_scheduler=pod_group_scheduler)

@@ -127,6 +127,9 @@ extra args (last, so that they win over the chart's own).
 - --log-level={{ .Values.operator.logLevel }}
 - --log-format={{ .Values.operator.logFormat }}
 - {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
+{{- with .Values.gangScheduling.schedulerName }}
+- {{ printf "--pod-group-scheduler=%s" . | quote }}
+{{- end }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}
@@ -156,6 +159,11 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 # of the same name left it.
 - apiGroups: [""]
   resources: ["services"]
+  verbs: ["get", "create", "delete"]
+# scheduler-plugins' PodGroup of each job (with gangScheduling.schedulerName set): created, read back when
+# the name is taken, replaced when a deleted job of the same name left it. Harmless where the CRD is absent.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
   verbs: ["get", "create", "delete"]
 # Events on TrainingJobs: kopf posts core/v1 events (create only).
 - apiGroups: [""]
