@@ -33,10 +33,10 @@ __all__ = ["all_benchmarks", "main", "select"]
 
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
-    from bench import cluster, core, peer, trainer, trainer_overhead
+    from bench import cluster, core, peer, scale, trainer, trainer_overhead
 
     return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
-            *peer.BENCHMARKS)
+            *scale.BENCHMARKS, *peer.BENCHMARKS)
 
 
 def select(benchmarks: Sequence[Benchmark], names: Sequence[str], *, no_lab: bool = False) -> list[Benchmark]:

@@ -110,9 +110,10 @@ def kopf_rules() -> set[Rule]:
     # Handlers that keep state on the object (on.create/update/delete, timers, daemons) make kopf patch it and
     # add finalizers: the operator has none (see handlers.py), so it needs no patch on what it watches.
     assert not registry._changing.get_all_handlers() and not registry._spawning.get_all_handlers()
-    assert not registry._webhooks.get_all_handlers() and not registry._indexing.get_all_handlers()
+    assert not registry._webhooks.get_all_handlers()
     rules: set[Rule] = set()
-    for handler in registry._watching.get_all_handlers():
+    # Event handlers and indexes alike: kopf lists and watches what they serve (indexes hold no state on it).
+    for handler in [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers()]:
         selector = handler.selector
         assert selector is not None and isinstance(selector.any_name, str)
         name: str = selector.any_name

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from kopf._core.engines import posting
 
 from kubetrain import handlers, metrics
 from kubetrain.kube import ApiError, Kube
-from kubetrain.status import Scrape
+from kubetrain.status import Scrape, pod_summary
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod
@@ -59,9 +60,6 @@ class FakeCluster:
         version = int(self.job["metadata"]["resourceVersion"]) + 1
         self.job["metadata"]["resourceVersion"] = str(version)
         return self.job
-
-    def _list_namespaced_pod(self, *_: Any, **__: Any) -> Json:
-        return {"items": self.pods}
 
     def _create_namespaced_pod(self, _namespace: str, body: Json) -> None:
         self.pods.append(copy.deepcopy(body))
@@ -106,7 +104,10 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], ha
     kube = Kube(lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"), connections=2)  # never connects
     caplog.set_level(logging.DEBUG)
 
-    def reconcile(cluster: FakeCluster) -> handlers.OperatorState:
+    def reconcile(cluster: FakeCluster, state: handlers.OperatorState | None = None,
+                  indexed: list[Json] | None = None) -> handlers.OperatorState:
+        """``state``: the operator's so far (default: a fresh one); ``indexed``: the pods its watch has shown
+        (default: all of the cluster's)."""
         kube._core = _Client(cluster)  # type: ignore[assignment]
         kube._custom = _Client(cluster)  # type: ignore[assignment]
 
@@ -114,9 +115,11 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], ha
             posting.event_queue_loop_var.set(asyncio.get_running_loop())
             posting.event_queue_var.set(asyncio.Queue())
             posting.settings_var.set(kopf.OperatorSettings())
-            state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-            await handlers._reconcile_measured(state, KEY, "job", logging.getLogger("kubetrain.test"))
-            return state
+            current = state or handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
+            shown = cluster.pods if indexed is None else indexed
+            current.pods = {KEY: [pod_summary(p) for p in shown]}  # as kopf's index holds them
+            await handlers._reconcile_measured(current, KEY, "job", logging.getLogger("kubetrain.test"))
+            return current
 
         return asyncio.run(once())
 
@@ -208,3 +211,41 @@ def test_the_client_methods_called_are_the_ones_derived_from_the_code(run: Any) 
     called = set(cluster.calls)
     assert {"create_namespaced_pod", "delete_namespaced_pod", "patch_namespaced_custom_object_status"} <= called
     assert called <= client_methods_used()
+
+
+def test_pods_it_created_are_not_created_again_before_its_watch_shows_them(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    assert cluster.calls.count("create_namespaced_pod") == 2
+    run(cluster, state, indexed=[])  # the watch has not delivered them yet
+    assert cluster.calls.count("create_namespaced_pod") == 2, "created twice"
+    assert state.due[KEY] - time.monotonic() < 1, "looks again in a moment"
+    run(cluster, state)
+    assert KEY not in state.expected
+
+
+def test_the_echo_of_its_own_status_write_is_not_reconciled(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    assert cluster.job is not None
+    calls = len(cluster.calls)
+
+    async def echo() -> None:
+        event: Json = {"type": "MODIFIED", "object": copy.deepcopy(cluster.job)}
+        await handlers.job_changed(event=event, namespace=NAMESPACE, name="valid", memo={"state": state},
+                                   logger=logging.getLogger("kubetrain.test"), pods_by_job=state.pods)
+        if state.scheduler is not None:
+            state.scheduler.cancel()
+    asyncio.run(echo())
+    assert len(cluster.calls) == calls, cluster.calls[calls:]
+
+
+def test_pods_the_api_refused_are_not_waited_for(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+
+    def over_quota() -> None:
+        raise ApiError(403, "Forbidden", json.dumps({"message": "exceeded quota: no-pods"}))
+    cluster.faults["create_namespaced_pod"] = over_quota
+    state = run(cluster)
+    assert KEY not in state.expected, "the retry would wait for pods that were never created"
+    assert state.failures[KEY] == 1

@@ -143,15 +143,10 @@ def test_deletes_ignore_what_is_gone_and_force_skips_the_grace_period() -> None:
         ("DELETE", f"{JOBS}/j", {"propagationPolicy": "Background"})]
 
 
-def test_pods_are_listed_by_the_jobs_label_and_adopted_with_a_patch() -> None:
-    async def calls(k: Kube) -> Any:
-        pods = await k.list_job_pods("ns", "j")
-        await k.adopt_pod("ns", "p", {"uid": "u"})
-        return pods
-    result, server = against([(200, {"items": [{"metadata": {"name": "p"}}]}), (200, {})], calls)
-    assert result == [{"metadata": {"name": "p"}}]
-    listing, patch = server.seen
-    assert listing.query == {"labelSelector": f"{api.LABEL.JOB_NAME}=j"}
+def test_an_orphaned_pod_is_adopted_with_a_patch() -> None:
+    result, server = against([(200, {})], lambda k: k.adopt_pod("ns", "p", {"uid": "u"}))
+    assert result is None
+    (patch,) = server.seen
     assert (patch.method, patch.path, patch.content_type) == (
         "PATCH", "/api/v1/namespaces/ns/pods/p", "application/strategic-merge-patch+json")
     assert patch.body == {"metadata": {"ownerReferences": [{"uid": "u"}]}}
@@ -160,11 +155,11 @@ def test_pods_are_listed_by_the_jobs_label_and_adopted_with_a_patch() -> None:
 def test_a_401_logs_in_again_once() -> None:
     """A service account's token is rotated by the kubelet: the next login reads the new one."""
     unauthorized = (401, status_body(401, "Unauthorized"))
-    result, server = against([unauthorized, (200, {"items": []})], lambda k: k.list_job_pods("ns", "j"),
+    result, server = against([unauthorized, (200, {"metadata": {"name": "j"}})], lambda k: k.get_job("ns", "j"),
                              tokens=["old", "new"])
-    assert result == []
+    assert result == {"metadata": {"name": "j"}}
     assert [s.authorization for s in server.seen] == ["Bearer old", "Bearer new"]
-    result, server = against([unauthorized, unauthorized], lambda k: k.list_job_pods("ns", "j"), tokens=["a", "b"])
+    result, server = against([unauthorized, unauthorized], lambda k: k.get_job("ns", "j"), tokens=["a", "b"])
     assert isinstance(result, ApiError) and api_failure(result).status == 401
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
 
+from kubetrain.manifests import build_pod
+from kubetrain.spec import parse
 from kubetrain.status import (
     MAX_COUNT,
     FailureKind,
@@ -16,9 +19,11 @@ from kubetrain.status import (
     in_range,
     owned_by,
     pod_state,
+    pod_summary,
     progress_status,
     set_condition,
 )
+from tests.invalid_specs import base_job
 from tests.pods import pod, states
 from tests.status_schema import assert_valid_status
 
@@ -168,3 +173,21 @@ def test_count_accepts_only_sane_non_negative_numbers(value: object, expected: i
 def test_in_range_is_finite_and_bounded() -> None:
     assert in_range(2.5, 0, 3) == 2.5
     assert in_range(-0.1, 0, 3) is None and in_range(NAN, -INF, INF) is None and in_range(INF, 0, INF) is None
+
+
+@pytest.mark.parametrize("full", [
+    pod(0), pod(1, "Pending", scheduled=False), pod(0, "Failed", exit_code=137, reason="OOMKilled"),
+    pod(1, "Failed", exit_code=1, message="RendezvousTimeoutError", disrupted=True),
+    pod(0, "Failed", pod_reason="Evicted", deleting="2026-11-01T10:09:00Z", disrupted=True,
+        disruption_reason="DeletionByTaintManager"),
+    pod(2, "Succeeded", exit_code=0, job_uid=None),
+], ids=["running", "unscheduled", "oom", "rendezvous", "node-lost", "orphan"])
+def test_the_index_keeps_every_fact_the_operator_reads(full: dict[str, object]) -> None:
+    assert pod_state(pod_summary(full)) == pod_state(full)
+
+
+def test_the_index_keeps_a_fraction_of_a_real_pod() -> None:
+    built = build_pod(parse(base_job()), 0, attempt=0) | {"status": pod(0)["status"] | {"podIP": "10.0.0.7"}}
+    summary = pod_summary(built)
+    assert summary["status"]["podIP"] == "10.0.0.7"
+    assert len(json.dumps(summary)) < len(json.dumps(built)) / 4

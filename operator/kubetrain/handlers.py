@@ -1,7 +1,8 @@
 """kopf handlers: thin triggers around one level-based reconcile of a TrainingJob.
 
 Every trigger (a change of the job, a change of one of its pods, a due timer) runs the same
-``reconcile``: read the job and its pods, ask the pure core what to do, write the status, act.
+``reconcile``: read the job, take its pods from the index kopf keeps from its watch, ask the pure core what
+to do, write the status, act.
 No kopf timers or daemons: they would put a finalizer on every job (and block its deletion while
 the operator is down); a small scheduler of our own re-checks jobs that asked to be looked at later.
 A failed reconcile never escapes a handler (kopf does not retry on.event handlers): the scheduler retries
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from kubetrain.manifests import build_pod, build_pod_group, build_service, owner
 from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
-from kubetrain.status import Scrape, merge_patch, owned_by, parse_time, pod_state
+from kubetrain.status import Scrape, merge_patch, owned_by, parse_time, pod_state, pod_summary
 
 __all__ = ["OperatorConfig"]
 
@@ -39,6 +41,11 @@ JOB = (api.GROUP, api.VERSION, api.PLURAL)
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED})
 CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
+# Pods the operator created reach its index through the watch a moment later; until then a reconcile would
+# see them missing and create them again. It waits this often, for at most EXPECTATION_TIMEOUT.
+EXPECTATION_RETRY = 0.1
+EXPECTATION_TIMEOUT = 10.0
+OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,18 @@ class OperatorState:
     phases: dict[Key, str] = field(default_factory=dict)
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed reconciles (retry backoff)
     generations: dict[Key, int] = field(default_factory=dict)  # metadata.generation last reconciled
+    # Each job's pods as the watch last saw them (pod_summary), kept by kopf's index `pods_by_job`.
+    pods: Mapping[Key, Iterable[Json]] = field(default_factory=dict)
+    expected: dict[Key, tuple[frozenset[str], float]] = field(default_factory=dict)  # created, not yet seen
+    own_writes: dict[Key, list[str]] = field(default_factory=dict)  # see job_changed
     scheduler: asyncio.Task[None] | None = None
 
     def lock(self, key: Key) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
 
     def forget(self, key: Key) -> None:
-        for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations):
+        for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations,
+                      self.expected, self.own_writes):
             table.pop(key, None)
         metrics.set_job_phases(self.phases)
 
@@ -114,33 +126,45 @@ async def cleanup(memo: Any, **_: Any) -> None:
     await state.kube.close()
 
 
+@kopf.index("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
+def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                **_: Any) -> dict[Key, Json]:
+    """Every job's pods, from kopf's watch: a reconcile reads them here instead of listing them."""
+    return {(namespace or "", labels[api.LABEL.JOB_NAME]): pod_summary(body)}
+
+
 @kopf.on.event(*JOB)
 async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any,
-                      logger: HandlerLogger, **_: Any) -> None:
+                      logger: HandlerLogger, **kwargs: Any) -> None:
     state: OperatorState = memo["state"]
     assert namespace is not None  # TrainingJobs are namespaced
-    _start_scheduler(state)
+    key = (namespace, name)
+    _start_scheduler(state, kwargs["pods_by_job"])  # kopf passes each index by its function's name
     if event.get("type") == "DELETED":
-        state.forget((namespace, name))
+        state.forget(key)
         return
-    generation = (event.get("object") or {}).get("metadata", {}).get("generation")
-    if state.failures.get((namespace, name)) and state.generations.get((namespace, name)) == generation:
+    metadata = (event.get("object") or {}).get("metadata", {})
+    if metadata.get("resourceVersion") in state.own_writes.get(key, ()):
+        return  # the echo of a status this operator wrote: nothing changed that the reconcile did not know
+    if state.failures.get(key) and state.generations.get(key) == metadata.get("generation"):
         return  # our own status write after a failure: the retry waits for its backoff (a spec change does not)
-    await _reconcile_measured(state, (namespace, name), "job", logger)
+    await _reconcile_measured(state, key, "job", logger)
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
 async def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: Any, logger: HandlerLogger,
-                      **_: Any) -> None:
+                      **kwargs: Any) -> None:
     state: OperatorState = memo["state"]
     assert namespace is not None  # pods are namespaced
-    _start_scheduler(state)
+    _start_scheduler(state, kwargs["pods_by_job"])
     await _reconcile_measured(state, (namespace, labels[api.LABEL.JOB_NAME]), "pod", logger)
 
 
-def _start_scheduler(state: OperatorState) -> None:
+def _start_scheduler(state: OperatorState, pods: kopf.Index[Key, Json]) -> None:
     """Start the scheduler from a handler: the task copies the handler's context, without which kopf.event()
-    fails (its event queue lives in context variables that the startup handler's context lacks)."""
+    fails (its event queue lives in context variables that the startup handler's context lacks). The pod
+    index, too, reaches only handlers: it is a live view, kept for the scheduler's reconciles."""
+    state.pods = cast(Mapping[Key, Iterable[Json]], pods)
     if state.scheduler is None:
         state.scheduler = asyncio.create_task(_scheduler(state))
 
@@ -196,6 +220,8 @@ async def _write_status(state: OperatorState, job: TrainingJob, stored: _Stored,
     if patch:
         stored.version = await state.kube.patch_job_status(job.namespace, job.name, patch, stored.version)
         stored.status = status
+        written = state.own_writes.setdefault((job.namespace, job.name), [])
+        written[:] = [*written[-(OWN_WRITES_KEPT - 1):], stored.version]
 
 
 def _post(body: Json, events: tuple[Event, ...]) -> None:
@@ -218,9 +244,10 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
         return
     state.generations[key] = job.generation
     stored = _Stored(body.get("status") or {}, body["metadata"]["resourceVersion"])
-    pods: list[Json] = []
+    pods = list(state.pods.get(key, ()))
+    if _awaiting_own_creations(state, key, pods):
+        return
     try:
-        pods += await state.kube.list_job_pods(namespace, name)
         decision = await _decide_and_act(state, key, body, job, stored, pods=pods, logger=logger)
     except (ConflictError, JobGoneError):
         raise
@@ -233,6 +260,18 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
         await _act(state, job, pods, decision, logger)  # failed for good: stop what runs of the gang
     await _write_status(state, job, stored, recovered(job, decision.status, datetime.now(UTC)))
     _schedule(state, key, decision)
+
+
+def _awaiting_own_creations(state: OperatorState, key: Key, pods: Iterable[Json]) -> bool:
+    """Whether pods this operator created are not in the index yet (then look again in a moment)."""
+    names, deadline = state.expected.get(key, (frozenset(), 0.0))
+    if not names:
+        return False
+    if names <= {p["metadata"]["name"] for p in pods} or time.monotonic() > deadline:
+        del state.expected[key]
+        return False
+    state.due[key] = min(state.due.get(key, math.inf), time.monotonic() + EXPECTATION_RETRY)
+    return True
 
 
 async def _gone(state: OperatorState, job: TrainingJob) -> bool:
@@ -301,8 +340,15 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
         new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image,
                               pod_group_scheduler=state.config.pod_group_scheduler)
                     for index in decision.create]
-        for pod, existing in zip(new_pods, await _all(kube.create(job.namespace, pod) for pod in new_pods),
-                                 strict=True):
+        key = (job.namespace, job.name)
+        state.expected[key] = (frozenset(p["metadata"]["name"] for p in new_pods),
+                               time.monotonic() + EXPECTATION_TIMEOUT)
+        try:
+            created = await _all(kube.create(job.namespace, pod) for pod in new_pods)
+        except Exception:
+            state.expected.pop(key, None)  # some were refused: the retry must not wait for them to appear
+            raise
+        for pod, existing in zip(new_pods, created, strict=True):
             if existing is None:
                 metrics.POD_CREATIONS.inc()
             elif owned_by(existing["metadata"]) != job.uid:

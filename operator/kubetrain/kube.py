@@ -20,7 +20,6 @@ import aiohttp
 import kopf
 
 from kubetrain import api
-from kubetrain.manifests import job_selector
 from kubetrain.policy import ApiFailure
 
 __all__ = [
@@ -172,9 +171,6 @@ class _CoreV1:
     def _path(namespace: str, plural: str, name: str = "") -> str:
         return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
-    async def list_namespaced_pod(self, namespace: str, label_selector: str) -> Json:
-        return await self._rest.request("GET", self._path(namespace, "pods"), params={"labelSelector": label_selector})
-
     async def create_namespaced_pod(self, namespace: str, body: Json) -> Json:
         return await self._rest.request("POST", self._path(namespace, "pods"), body=body)
 
@@ -262,11 +258,6 @@ class Kube:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
-
-    async def list_job_pods(self, namespace: str, job_name: str) -> list[Json]:
-        listing = await self._core.list_namespaced_pod(namespace, label_selector=job_selector(job_name))
-        items: list[Json] = listing.get("items") or []
-        return items
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
                                resource_version: str) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "owned_by",
     "parse_time",
     "pod_state",
+    "pod_summary",
     "progress_status",
     "set_condition",
 ]
@@ -148,6 +149,26 @@ def _condition(pod: Mapping[str, Json], kind: str) -> Mapping[str, Json] | None:
 
 def _is_true(condition: Mapping[str, Json] | None) -> bool:
     return condition is not None and condition.get("status") == "True"
+
+
+def pod_summary(pod: Mapping[str, Json]) -> dict[str, Json]:
+    """The parts of a pod that the operator reads (``pod_state``, the scrape, adoption): what its index keeps,
+    so that memory grows with a few hundred bytes per pod, not with whole pod objects."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    containers = [{"name": c.get("name"), "state": c.get("state")} for c in status.get("containerStatuses") or []
+                  if c.get("name") == api.CONTAINER_NAME]
+    return {
+        "metadata": {key: metadata[key] for key in ("name", "labels", "ownerReferences", "deletionTimestamp")
+                     if metadata.get(key) is not None},
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": {
+            **{key: status[key] for key in ("phase", "podIP", "reason", "message", "startTime") if key in status},
+            "conditions": [{k: c[k] for k in ("type", "status", "reason") if k in c}
+                           for c in status.get("conditions") or []],
+            "containerStatuses": containers,
+        },
+    }
 
 
 def pod_state(pod: Mapping[str, Json]) -> PodState:

@@ -150,7 +150,7 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
-# One pod per node: watched by kopf, listed per job, created, read back when the name is taken, adopted
+# One pod per node: watched by kopf (an index of each job's pods), created, read back when the name is taken, adopted
 # (owner reference patched back) and deleted on gang restarts and cleanup.
 - apiGroups: [""]
   resources: ["pods"]

@@ -1,0 +1,133 @@
+"""The operator at scale on the lab: one 512-node job, and a job's first reconcile while 200 others are there.
+
+Both against baselines measured on the same lab in the same run: the same 512 pods created by a plain
+client with the operator's own concurrency, and the same reconcile with no other job present. The pods of
+these jobs never run (a nodeSelector no node has): what is measured is the operator, not 2 cores starting
+hundreds of processes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+from bench.cluster import bare_objects, cluster, job_spec
+from bench.registry import Benchmark, Context, FigureSpec
+from bench.report import Figure, Goal, median, percentile
+
+__all__ = ["BENCHMARKS"]
+
+Json = Any
+WIDE_NODES = 512
+BACKGROUND_JOBS = 200
+NOWHERE = {"bench.kubetrain.io/nowhere": "true"}  # no lab node has this label: pods stay Pending
+CLIENT_CONNECTIONS = 16  # the operator's own limit (OperatorConfig.api_connections)
+
+
+def _unplaceable(nodes: int) -> Json:
+    return job_spec("print('never runs')", nodes) | {"scheduling": {"nodeSelector": NOWHERE}}
+
+
+WIDE_JOB = FigureSpec(
+    "operator.wide_job_creation_ratio", "x",
+    Goal("<=", 1.25, f"from `create TrainingJob` of {WIDE_NODES} nodes to all its pods created, against the "
+                     f"same {WIDE_NODES} pods (and Service) created by a plain client with the operator's "
+                     f"{CLIENT_CONNECTIONS} concurrent requests: the operator may add a quarter (its watch, "
+                     "one reconcile, the status write)"))
+
+
+def wide_job_bench(ctx: Context) -> list[Figure]:
+    lab = cluster(ctx)
+    from tests.operator_fixtures import Jobs
+
+    namespace = lab.namespace("wide")
+    jobs = Jobs(lab.lab, namespace)
+    nodes = 64 if ctx.quick else WIDE_NODES
+    spec = _unplaceable(nodes)
+    try:
+        ctx.log(f"a TrainingJob of {nodes} nodes")
+        t0 = time.monotonic()
+        jobs.create("wide", spec)
+        job_s = _wait_count(lab, namespace, "kubetrain.io/job-name=wide", nodes) - t0
+        ctx.log(f"the same {nodes} pods and Service from a plain client")
+        objects = bare_objects("bare", namespace, spec)
+        t0 = time.monotonic()
+        _create_concurrently(lab, namespace, objects)
+        bare_s = _wait_count(lab, namespace, "bench.kubetrain.io/bare=bare", nodes) - t0
+    finally:
+        lab.delete_namespace(namespace)
+    return [WIDE_JOB.measured(job_s / bare_s, f"job {job_s:.2f} s / plain client {bare_s:.2f} s for {nodes} pods",
+                              job_s=job_s, bare_s=bare_s, pods=nodes)]
+
+
+def _create_concurrently(lab: Any, namespace: str, objects: list[Json]) -> None:
+    service, *pods = objects
+    lab.lab.api.post(f"/api/v1/namespaces/{namespace}/services", service)
+    with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
+        list(pool.map(lambda pod: lab.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
+
+
+def _wait_count(lab: Any, namespace: str, selector: str, count: int, timeout: float = 300) -> float:
+    """Poll until ``count`` pods match ``selector``; time.monotonic() then."""
+    deadline = time.monotonic() + timeout
+    while (found := len(lab.pods(namespace, selector))) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{found}/{count} pods {selector} in {namespace} after {timeout} s")
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+BUSY_RECONCILE = FigureSpec(
+    "operator.reconcile_p99_busy_ratio", "x",
+    Goal("<=", 2.0, f"p99 from `create TrainingJob` to its first status (pods created, phase Pending) while "
+                    f"{BACKGROUND_JOBS} other jobs are present and reconciled, against the same with none: "
+                    "the operator's index and per-job reconciles keep one job's latency from growing with "
+                    "the others"))
+
+
+def busy_reconcile_bench(ctx: Context) -> list[Figure]:
+    lab = cluster(ctx)
+    from tests.operator_fixtures import Jobs
+
+    samples = 10 if ctx.quick else 50
+    background = 50 if ctx.quick else BACKGROUND_JOBS
+    namespace = lab.namespace("busy")
+    jobs = Jobs(lab.lab, namespace)
+    try:
+        ctx.log(f"{samples} jobs' first reconcile, no other job present")
+        idle = _first_status_seconds(jobs, "idle", samples)
+        ctx.log(f"creating {background} background jobs")
+        for number in range(background):
+            jobs.create(f"background-{number}", _unplaceable(1))
+        _wait_count(lab, namespace, "kubetrain.io/job-name", background + samples)
+        ctx.log(f"{samples} jobs' first reconcile, {background} others present")
+        busy = _first_status_seconds(jobs, "busy", samples)
+    finally:
+        lab.delete_namespace(namespace)
+    ratio = percentile(busy, 99) / percentile(idle, 99)
+    return [BUSY_RECONCILE.measured(
+        ratio, f"p99 {percentile(busy, 99) * 1000:.0f} ms with {background} jobs / {percentile(idle, 99) * 1000:.0f} "
+               f"ms alone (p50 {median(busy) * 1000:.0f} / {median(idle) * 1000:.0f} ms); {samples} jobs each",
+        busy_p99_s=percentile(busy, 99), idle_p99_s=percentile(idle, 99))]
+
+
+def _first_status_seconds(jobs: Any, prefix: str, samples: int) -> list[float]:
+    """For each of ``samples`` new one-node jobs, seconds from create to a status with its phase."""
+    seconds = []
+    for number in range(samples):
+        name = f"{prefix}-{number}"
+        t0 = time.monotonic()
+        jobs.create(name, _unplaceable(1))
+        while not jobs.status(name).get("phase"):
+            time.sleep(0.01)
+        seconds.append(time.monotonic() - t0)
+    return seconds
+
+
+BENCHMARKS = (
+    Benchmark("operator.wide", f"a {WIDE_NODES}-node job's pods created vs the same pods from a plain client",
+              (WIDE_JOB,), wide_job_bench, needs_lab=True),
+    Benchmark("operator.busy", f"a job's first reconcile with {BACKGROUND_JOBS} other jobs present vs alone",
+              (BUSY_RECONCILE,), busy_reconcile_bench, needs_lab=True),
+)
