@@ -46,6 +46,10 @@ def wide_job_bench(ctx: Context) -> list[Figure]:
     nodes = 64 if ctx.quick else WIDE_NODES
     spec = _unplaceable(nodes)
     try:
+        ctx.log("warm-up: a 2-node job and its bare pods (not counted)")
+        jobs.create("warm", _unplaceable(2))
+        _wait_count(lab, namespace, "kubetrain.io/job-name=warm", 2)
+        _create_concurrently(lab, namespace, bare_objects("warm-bare", namespace, _unplaceable(2)))
         ctx.log(f"a TrainingJob of {nodes} nodes")
         t0 = time.monotonic()
         jobs.create("wide", spec)

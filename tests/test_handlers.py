@@ -22,7 +22,7 @@ from kopf._core.engines import posting
 
 from kubetrain import handlers, metrics
 from kubetrain.kube import ApiError, Kube
-from kubetrain.status import Scrape, pod_summary
+from kubetrain.status import Scrape, pod_state
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod
@@ -79,6 +79,7 @@ class _Client:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         async def call(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0)  # a request yields to the event loop, as a real one does
             return self._cluster.call(name, *args, **kwargs)
         return call
 
@@ -117,7 +118,7 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], ha
             posting.settings_var.set(kopf.OperatorSettings())
             current = state or handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
             shown = cluster.pods if indexed is None else indexed
-            current.pods = {KEY: [pod_summary(p) for p in shown]}  # as kopf's index holds them
+            current.pods = {KEY: [pod_state(p) for p in shown]}  # as kopf's index holds them
             await handlers._reconcile_measured(current, KEY, "job", logging.getLogger("kubetrain.test"))
             return current
 
@@ -249,3 +250,15 @@ def test_pods_the_api_refused_are_not_waited_for(run: Any) -> None:
     state = run(cluster)
     assert KEY not in state.expected, "the retry would wait for pods that were never created"
     assert state.failures[KEY] == 1
+
+
+def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    reads = cluster.calls.count("get_namespaced_custom_object")
+
+    async def burst() -> None:  # a gang's pod events, all while the first reconcile waits on the API
+        logger = logging.getLogger("kubetrain.test")
+        await asyncio.gather(*(handlers._reconcile_measured(state, KEY, "pod", logger) for _ in range(20)))
+    asyncio.run(burst())
+    assert cluster.calls.count("get_namespaced_custom_object") - reads == 2, "one pass, then one more"

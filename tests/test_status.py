@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 import pytest
@@ -19,7 +18,6 @@ from kubetrain.status import (
     in_range,
     owned_by,
     pod_state,
-    pod_summary,
     progress_status,
     set_condition,
 )
@@ -175,19 +173,9 @@ def test_in_range_is_finite_and_bounded() -> None:
     assert in_range(-0.1, 0, 3) is None and in_range(NAN, -INF, INF) is None and in_range(INF, 0, INF) is None
 
 
-@pytest.mark.parametrize("full", [
-    pod(0), pod(1, "Pending", scheduled=False), pod(0, "Failed", exit_code=137, reason="OOMKilled"),
-    pod(1, "Failed", exit_code=1, message="RendezvousTimeoutError", disrupted=True),
-    pod(0, "Failed", pod_reason="Evicted", deleting="2026-11-01T10:09:00Z", disrupted=True,
-        disruption_reason="DeletionByTaintManager"),
-    pod(2, "Succeeded", exit_code=0, job_uid=None),
-], ids=["running", "unscheduled", "oom", "rendezvous", "node-lost", "orphan"])
-def test_the_index_keeps_every_fact_the_operator_reads(full: dict[str, object]) -> None:
-    assert pod_state(pod_summary(full)) == pod_state(full)
-
-
-def test_the_index_keeps_a_fraction_of_a_real_pod() -> None:
+def test_a_pods_state_keeps_where_to_scrape_it_and_whether_to_adopt_it() -> None:
     built = build_pod(parse(base_job()), 0, attempt=0) | {"status": pod(0)["status"] | {"podIP": "10.0.0.7"}}
-    summary = pod_summary(built)
-    assert summary["status"]["podIP"] == "10.0.0.7"
-    assert len(json.dumps(summary)) < len(json.dumps(built)) / 4
+    state = pod_state(built)
+    assert state.ip == "10.0.0.7" and state.has_owner is False  # `render` makes no owner reference
+    built["metadata"]["ownerReferences"] = [{"kind": "TrainingJob", "uid": "u", "controller": True}]
+    assert pod_state(built).has_owner is True

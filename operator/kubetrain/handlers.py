@@ -29,7 +29,7 @@ from kubetrain.manifests import build_pod, build_pod_group, build_service, owner
 from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
-from kubetrain.status import Scrape, merge_patch, owned_by, parse_time, pod_state, pod_summary
+from kubetrain.status import PodState, Scrape, merge_patch, owned_by, parse_time, pod_state
 
 __all__ = ["OperatorConfig"]
 
@@ -72,10 +72,11 @@ class OperatorState:
     phases: dict[Key, str] = field(default_factory=dict)
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed reconciles (retry backoff)
     generations: dict[Key, int] = field(default_factory=dict)  # metadata.generation last reconciled
-    # Each job's pods as the watch last saw them (pod_summary), kept by kopf's index `pods_by_job`.
-    pods: Mapping[Key, Iterable[Json]] = field(default_factory=dict)
+    # Each job's pods as the watch last saw them, kept by kopf's index `pods_by_job`.
+    pods: Mapping[Key, Iterable[PodState]] = field(default_factory=dict)
     expected: dict[Key, tuple[frozenset[str], float]] = field(default_factory=dict)  # created, not yet seen
     own_writes: dict[Key, list[str]] = field(default_factory=dict)  # see job_changed
+    dirty: set[Key] = field(default_factory=set)  # triggered while their reconcile ran: one more pass
     scheduler: asyncio.Task[None] | None = None
 
     def lock(self, key: Key) -> asyncio.Lock:
@@ -85,7 +86,22 @@ class OperatorState:
         for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations,
                       self.expected, self.own_writes):
             table.pop(key, None)
+        self.dirty.discard(key)
         metrics.set_job_phases(self.phases)
+
+
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """kopf deep-copies every watched object at every event to diff it against the state its change handlers
+    last saw: the operator has no change handlers (tests/operator_rights.py checks), so nothing is kept."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 @kopf.on.startup()
@@ -98,6 +114,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Reconnect watches well before proxies or the API server drop idle connections.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.persistence.diffbase_storage = _NoDiffBase()
     # Events on our own objects say who posted them.
     settings.posting.reporting_component = "kubetrain-operator"
     # batching.batch_window stays at kopf's 0.1 s: it batches the events of one object, and each pod of a
@@ -128,9 +145,10 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 @kopf.index("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
 def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                **_: Any) -> dict[Key, Json]:
-    """Every job's pods, from kopf's watch: a reconcile reads them here instead of listing them."""
-    return {(namespace or "", labels[api.LABEL.JOB_NAME]): pod_summary(body)}
+                **_: Any) -> dict[Key, PodState]:
+    """Every job's pods, from kopf's watch, summarised once per event: a reconcile reads them here instead
+    of listing and converting them (a 512-pod gang's reconcile would convert 512 pods each time)."""
+    return {(namespace or "", labels[api.LABEL.JOB_NAME]): pod_state(body)}
 
 
 @kopf.on.event(*JOB)
@@ -160,11 +178,11 @@ async def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: An
     await _reconcile_measured(state, (namespace, labels[api.LABEL.JOB_NAME]), "pod", logger)
 
 
-def _start_scheduler(state: OperatorState, pods: kopf.Index[Key, Json]) -> None:
+def _start_scheduler(state: OperatorState, pods: kopf.Index[Key, PodState]) -> None:
     """Start the scheduler from a handler: the task copies the handler's context, without which kopf.event()
     fails (its event queue lives in context variables that the startup handler's context lacks). The pod
     index, too, reaches only handlers: it is a live view, kept for the scheduler's reconciles."""
-    state.pods = cast(Mapping[Key, Iterable[Json]], pods)
+    state.pods = cast(Mapping[Key, Iterable[PodState]], pods)
     if state.scheduler is None:
         state.scheduler = asyncio.create_task(_scheduler(state))
 
@@ -185,11 +203,22 @@ def _next_retry_delay(state: OperatorState, key: Key) -> float:
 
 
 async def _reconcile_measured(state: OperatorState, key: Key, trigger: str, logger: HandlerLogger) -> None:
-    """One reconcile; never raises: a failed one is retried with backoff whatever triggered it."""
+    """One reconcile; never raises: a failed one is retried with backoff whatever triggered it.
+
+    Triggers that arrive while the job's reconcile runs fold into one more pass after it: the events of a
+    512-pod gang's creation make a few reconciles, not 512 queued behind the lock.
+    """
+    lock = state.lock(key)
+    if lock.locked():
+        state.dirty.add(key)
+        return
     started = time.perf_counter()
     try:
-        async with state.lock(key):
-            await _reconcile(state, key, logger)
+        async with lock:
+            state.dirty.add(key)
+            while key in state.dirty:
+                state.dirty.discard(key)
+                await _reconcile(state, key, logger)
         state.failures.pop(key, None)
     except ConflictError:
         state.due[key] = time.monotonic() + CONFLICT_RETRY
@@ -262,12 +291,12 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
     _schedule(state, key, decision)
 
 
-def _awaiting_own_creations(state: OperatorState, key: Key, pods: Iterable[Json]) -> bool:
+def _awaiting_own_creations(state: OperatorState, key: Key, pods: Iterable[PodState]) -> bool:
     """Whether pods this operator created are not in the index yet (then look again in a moment)."""
     names, deadline = state.expected.get(key, (frozenset(), 0.0))
     if not names:
         return False
-    if names <= {p["metadata"]["name"] for p in pods} or time.monotonic() > deadline:
+    if names <= {p.name for p in pods} or time.monotonic() > deadline:
         del state.expected[key]
         return False
     state.due[key] = min(state.due.get(key, math.inf), time.monotonic() + EXPECTATION_RETRY)
@@ -284,12 +313,12 @@ async def _gone(state: OperatorState, job: TrainingJob) -> bool:
 
 
 async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,
-                          pods: list[Json], logger: HandlerLogger) -> Decision:
+                          pods: list[PodState], logger: HandlerLogger) -> Decision:
     """Ask the pure core what to do, write the status it decided (so a crash never loses a count), act."""
     before = stored.status
     progress = await _scrape(state, key, before, pods)
     now = datetime.now(UTC)
-    decision = reconcile(job, before, [pod_state(p) for p in pods], now, progress)
+    decision = reconcile(job, before, pods, now, progress)
     await _write_status(state, job, stored, while_retrying(decision.status))
     _observe(state, key, job, before, decision, now=now)
     _post(body, decision.events)
@@ -298,32 +327,31 @@ async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: Train
 
 
 async def _report_failure(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,
-                          pods: list[Json], error: Exception) -> Decision:
+                          pods: list[PodState], error: Exception) -> Decision:
     """Put a failed step in the status and an event: the job fails if retrying cannot help."""
-    decision = failed_reconcile(job, stored.status, [pod_state(p) for p in pods], api_failure(error),
+    decision = failed_reconcile(job, stored.status, pods, api_failure(error),
                                 now=datetime.now(UTC), retry_in=_next_retry_delay(state, key))
     await _write_status(state, job, stored, decision.status)
     _post(body, decision.events)
     return decision
 
 
-async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json], pods: list[Json]) -> Scrape | None:
+async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json],
+                  pods: list[PodState]) -> Scrape | None:
     """Rank 0's progress (or why it cannot be read), at most every progress_interval seconds, while it runs."""
     if status.get("phase") not in (api.Phase.RUNNING, api.Phase.STARTING):
         return None
     if time.monotonic() - state.last_scrape.get(key, 0.0) < state.config.progress_interval:
         return None
-    attempt = str(status.get("attempt", 0))
-    first = next((p for p in pods if p["metadata"].get("labels", {}).get(api.LABEL.NODE_INDEX) == "0"
-                  and p["metadata"]["labels"].get(api.LABEL.ATTEMPT) == attempt), None)
-    pod_ip = (first or {}).get("status", {}).get("podIP")
-    if not pod_ip or (first or {}).get("status", {}).get("phase") != "Running":
+    attempt = int(status.get("attempt", 0))
+    first = next((p for p in pods if p.index == 0 and p.attempt == attempt), None)
+    if first is None or not first.ip or first.phase != "Running":
         return None
     state.last_scrape[key] = time.monotonic()
-    return await fetch_progress(state.http, pod_ip)
+    return await fetch_progress(state.http, first.ip)
 
 
-async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decision: Decision,
+async def _act(state: OperatorState, job: TrainingJob, pods: list[PodState], decision: Decision,
                logger: HandlerLogger) -> None:
     """Carry out the decision, after its status was written (so a crash never loses a count)."""
     kube = state.kube
@@ -332,8 +360,8 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[Json], decisio
     await _all([*(kube.delete_pod(job.namespace, name) for name in decision.delete),
                 *(kube.delete_pod(job.namespace, name, force=True) for name in decision.force_delete)])
     # A pod labelled with this job's uid but without its owner was made before a crash: adopt it.
-    await _all(kube.adopt_pod(job.namespace, pod["metadata"]["name"], owner_reference(job)) for pod in pods
-               if owned_by(pod["metadata"]) == job.uid and not pod["metadata"].get("ownerReferences"))
+    await _all(kube.adopt_pod(job.namespace, pod.name, owner_reference(job)) for pod in pods
+               if pod.job_uid == job.uid and not pod.has_owner)
     if decision.create:
         await _create_companions(state, job, logger)
         attempt = int(decision.status["attempt"])

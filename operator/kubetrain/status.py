@@ -27,7 +27,6 @@ __all__ = [
     "owned_by",
     "parse_time",
     "pod_state",
-    "pod_summary",
     "progress_status",
     "set_condition",
 ]
@@ -70,9 +69,9 @@ _DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown"
                                  "DeletionByTaintManager", "TerminationByKubelet"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodState:
-    """What the operator needs to know about one pod."""
+    """What the operator needs to know about one pod: what its index keeps of each pod it watches."""
 
     name: str
     index: int
@@ -92,6 +91,8 @@ class PodState:
     job_uid: str | None = None  # the job it belongs to (see owned_by)
     # Its node stopped answering and the taint manager evicted it: the kubelet cannot confirm its end.
     node_lost: bool = False
+    ip: str | None = None  # where its metrics are scraped
+    has_owner: bool = True  # has an owner reference (one made just before a crash may lack it: adopted)
 
     @property
     def finished(self) -> bool:
@@ -151,26 +152,6 @@ def _is_true(condition: Mapping[str, Json] | None) -> bool:
     return condition is not None and condition.get("status") == "True"
 
 
-def pod_summary(pod: Mapping[str, Json]) -> dict[str, Json]:
-    """The parts of a pod that the operator reads (``pod_state``, the scrape, adoption): what its index keeps,
-    so that memory grows with a few hundred bytes per pod, not with whole pod objects."""
-    metadata = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    containers = [{"name": c.get("name"), "state": c.get("state")} for c in status.get("containerStatuses") or []
-                  if c.get("name") == api.CONTAINER_NAME]
-    return {
-        "metadata": {key: metadata[key] for key in ("name", "labels", "ownerReferences", "deletionTimestamp")
-                     if metadata.get(key) is not None},
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
-        "status": {
-            **{key: status[key] for key in ("phase", "podIP", "reason", "message", "startTime") if key in status},
-            "conditions": [{k: c[k] for k in ("type", "status", "reason") if k in c}
-                           for c in status.get("conditions") or []],
-            "containerStatuses": containers,
-        },
-    }
-
-
 def pod_state(pod: Mapping[str, Json]) -> PodState:
     """Summarise a pod object (a dict as the API returns it)."""
     metadata = pod.get("metadata", {})
@@ -200,6 +181,8 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         finish_time=parse_time(terminated.get("finishedAt")),
         job_uid=owned_by(metadata),
         node_lost=(disruption or {}).get("reason") == TAINT_EVICTION_REASON,
+        ip=status.get("podIP"),
+        has_owner=bool(metadata.get("ownerReferences")),
     )
 
 
