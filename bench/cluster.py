@@ -232,10 +232,10 @@ def time_to_running_bench(ctx: Context) -> list[Figure]:
 
 GANG_RESTART = FigureSpec(
     "operator.gang_restart_ratio", "x",
-    Goal("<=", 2.0, "from SIGKILL of one worker to every pod of the next attempt Running, against the same "
-                    "job's first time to running: a restart must notice the failure, stop the surviving pod "
-                    "(SIGTERM; torchrun exits at once) and start the gang again, so about one pod deletion "
-                    "plus one start-up; twice the first start is the bar"))
+    Goal("<=", 1.5, "from SIGKILL of one worker to every pod of the next attempt Running, against what a "
+                    "restart cannot avoid, measured in the same round: deleting the same pods bare (SIGTERM, "
+                    "torchrun's agent shuts down, the kubelet confirms) plus the job's first start; the "
+                    "operator's part (noticing the failure, the deletes, the creates) may add half"))
 
 
 def gang_restart_bench(ctx: Context) -> list[Figure]:
@@ -248,6 +248,7 @@ def gang_restart_bench(ctx: Context) -> list[Figure]:
     nodes, rounds = 2, (1 if ctx.quick else 3)
     first_s: list[float] = []
     restart_s: list[float] = []
+    delete_s: list[float] = []
     try:
         for number in range(rounds):
             name = f"gang-{number}"
@@ -265,13 +266,39 @@ def gang_restart_bench(ctx: Context) -> list[Figure]:
             lab.lab.api.delete(f"{jobs.base}/{name}")
             lab.delete_pods(namespace, selector)
             lab.wait_no_pods(namespace, selector)
+            delete_s.append(_bare_deletion_seconds(lab, namespace, f"bare-{number}", nodes))
     finally:
         lab.delete_namespace(namespace)
-    ratios = [r / f for r, f in zip(restart_s, first_s, strict=True)]
+    floors = [first + delete for first, delete in zip(first_s, delete_s, strict=True)]
+    ratios = [r / f for r, f in zip(restart_s, floors, strict=True)]
     return [GANG_RESTART.measured(
-        median(ratios), f"kill to attempt 1 running p50 {median(restart_s):.2f} s / first start p50 "
-                        f"{median(first_s):.2f} s; {rounds} job(s) of {nodes} pods",
-        restart_p50_s=median(restart_s), first_p50_s=median(first_s))]
+        median(ratios), f"kill to attempt 1 running p50 {median(restart_s):.2f} s / (bare pods deleted p50 "
+                        f"{median(delete_s):.2f} s + first start p50 {median(first_s):.2f} s); "
+                        f"{median(restart_s) / median(first_s):.2f}x the first start alone; {rounds} job(s) of "
+                        f"{nodes} pods", restart_p50_s=median(restart_s), first_p50_s=median(first_s),
+        delete_p50_s=median(delete_s))]
+
+
+def _bare_deletion_seconds(lab: Cluster, namespace: str, name: str, nodes: int) -> float:
+    """Seconds from deleting the job's pods, created bare and Running, until they are gone from the API."""
+    selector = f"bench.kubetrain.io/bare={name}"
+    objects = bare_objects(name, namespace, job_spec(SLEEPER, nodes))
+    for obj in objects:
+        kind = "services" if obj["kind"] == "Service" else "pods"
+        lab.lab.api.post(f"/api/v1/namespaces/{namespace}/{kind}", obj)
+    lab.wait_running(namespace, selector, nodes)
+    time.sleep(1)  # torchrun's agent is up and its worker started, as in the job's round
+    t0 = time.monotonic()
+    lab.delete_pods(namespace, selector)
+    deadline = t0 + 60
+    while lab.pods(namespace, selector):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bare pods {selector} still there after 60 s")
+        time.sleep(POLL_S)
+    seconds = time.monotonic() - t0
+    lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{name}")
+    lab.wait_no_pods(namespace, selector)
+    return seconds
 
 
 MEMORY = FigureSpec(

@@ -481,6 +481,10 @@ def objects_figure(objects: dict[str, Counter[str]]) -> list[Figure]:
 
 def peer_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
+    # Both operators start fresh: in a full run kubetrain's has served the other lab benchmarks (a 512-pod job,
+    # 250 jobs) by now, and its memory would carry their high-water mark into the peer's figures.
+    lab.operator.stop()
+    lab.operator.start()
     peer = start_peer(ctx, lab)
     install_tiny_image(ctx, lab)
     both = sides(lab, peer)

@@ -67,6 +67,9 @@ class FakeCluster:
     def _create_namespaced_service(self, _namespace: str, _body: Json) -> None:
         return None
 
+    def _patch_namespaced_pod(self, name: str, *_: Any, **__: Any) -> Json:
+        return next(p for p in self.pods if p["metadata"]["name"] == name)
+
     def _delete_namespaced_pod(self, name: str, *_: Any, **__: Any) -> None:
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
 

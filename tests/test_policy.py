@@ -13,6 +13,7 @@ from kubetrain.policy import (
     Decision,
     classify,
     failed_reconcile,
+    must_persist_before_acting,
     reconcile,
     recovered,
     retry_delay,
@@ -661,3 +662,22 @@ def test_a_new_attempt_starts_with_progress_not_known_yet() -> None:
     later = reconcile(job(), restarted | {"phase": "Running", "runningTime": "2026-11-01T10:10:00Z"},
                       states(pod(0, attempt=1), pod(1, attempt=1)), NOW, Scrape(error="connection refused"))
     assert later.events == ()
+
+
+class TestWhatIsWrittenBeforeActing:
+    """A crash between writing the status and acting on it must never lose a count or a post-mortem."""
+
+    def test_creating_the_first_pods_acts_first(self) -> None:
+        decision = reconcile(job(), {}, [], NOW)
+        assert decision.create == (0, 1) and not must_persist_before_acting({}, decision)
+
+    def test_a_gang_restart_is_written_before_its_pods_are_deleted(self) -> None:
+        before = running()
+        decision = reconcile(job(), before, states(pod(0, "Failed", exit_code=1), pod(1)), NOW)
+        assert decision.delete and decision.status["attempt"] == 1
+        assert must_persist_before_acting(before, decision)
+
+    def test_a_new_attempts_pods_act_first(self) -> None:
+        before = running(attempt=1, restarts=1, phase="Restarting")
+        decision = reconcile(job(), before, [], NOW)
+        assert decision.create == (0, 1) and not must_persist_before_acting(before, decision)

@@ -26,7 +26,16 @@ import kopf
 from kubetrain import api, metrics
 from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, login
 from kubetrain.manifests import build_pod, build_pod_group, build_service, owner_reference
-from kubetrain.policy import Decision, Event, failed_reconcile, reconcile, recovered, retry_delay, while_retrying
+from kubetrain.policy import (
+    Decision,
+    Event,
+    failed_reconcile,
+    must_persist_before_acting,
+    reconcile,
+    recovered,
+    retry_delay,
+    while_retrying,
+)
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
 from kubetrain.status import PodState, Scrape, merge_patch, owned_by, parse_time, pod_state
@@ -45,6 +54,7 @@ CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it
 # see them missing and create them again. It waits this often, for at most EXPECTATION_TIMEOUT.
 EXPECTATION_RETRY = 0.1
 EXPECTATION_TIMEOUT = 10.0
+BATCH_WINDOW = 0.01  # seconds kopf waits for more events of one object before handling them
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 
 
@@ -117,8 +127,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.diffbase_storage = _NoDiffBase()
     # Events on our own objects say who posted them.
     settings.posting.reporting_component = "kubetrain-operator"
-    # batching.batch_window stays at kopf's 0.1 s: it batches the events of one object, and each pod of a
-    # gang is its own object, so a longer window would only delay every reaction.
+    # kopf waits batch_window (0.1 s) after an object's event for more of that object's events: every reaction
+    # (a job created, a pod failed, a pod gone) paid it, a gang restart twice. Bursts are folded by
+    # _reconcile_measured instead, so a short window costs little.
+    settings.batching.batch_window = BATCH_WINDOW
     # kopf never retries on.event handlers: a failed reconcile is retried by our scheduler (see
     # _reconcile_measured); this only covers errors of kopf's own machinery.
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
@@ -144,10 +156,11 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 
 @kopf.index("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
-def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                **_: Any) -> dict[Key, PodState]:
+async def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                      **_: Any) -> dict[Key, PodState]:
     """Every job's pods, from kopf's watch, summarised once per event: a reconcile reads them here instead
-    of listing and converting them (a 512-pod gang's reconcile would convert 512 pods each time)."""
+    of listing and converting them (a 512-pod gang's reconcile would convert 512 pods each time). Async: kopf
+    runs a sync handler on a thread, a hop per pod event."""
     return {(namespace or "", labels[api.LABEL.JOB_NAME]): pod_state(body)}
 
 
@@ -319,10 +332,18 @@ async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: Train
     progress = await _scrape(state, key, before, pods)
     now = datetime.now(UTC)
     decision = reconcile(job, before, pods, now, progress)
-    await _write_status(state, job, stored, while_retrying(decision.status))
+    written_first = must_persist_before_acting(before, decision)
+    if written_first:
+        await _write_status(state, job, stored, while_retrying(decision.status))
+    # else only pods are created: a crash before the status write (in _reconcile) decides the same again
     _observe(state, key, job, before, decision, now=now)
     _post(body, decision.events)
-    await _act(state, job, pods, decision, logger)
+    try:
+        await _act(state, job, pods, decision, logger)
+    except Exception:
+        if not written_first:  # what was decided (progress, conditions) stands; the failure is added to it
+            await _write_status(state, job, stored, while_retrying(decision.status))
+        raise
     return decision
 
 
@@ -362,28 +383,34 @@ async def _act(state: OperatorState, job: TrainingJob, pods: list[PodState], dec
     # A pod labelled with this job's uid but without its owner was made before a crash: adopt it.
     await _all(kube.adopt_pod(job.namespace, pod.name, owner_reference(job)) for pod in pods
                if pod.job_uid == job.uid and not pod.has_owner)
-    if decision.create:
+    if decision.create and state.config.pod_group_scheduler:
+        # The PodGroup first: the coscheduling plugin sets aside pods whose group does not exist yet.
         await _create_companions(state, job, logger)
-        attempt = int(decision.status["attempt"])
-        new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image,
-                              pod_group_scheduler=state.config.pod_group_scheduler)
-                    for index in decision.create]
-        key = (job.namespace, job.name)
-        state.expected[key] = (frozenset(p["metadata"]["name"] for p in new_pods),
-                               time.monotonic() + EXPECTATION_TIMEOUT)
-        try:
-            created = await _all(kube.create(job.namespace, pod) for pod in new_pods)
-        except Exception:
-            state.expected.pop(key, None)  # some were refused: the retry must not wait for them to appear
-            raise
-        for pod, existing in zip(new_pods, created, strict=True):
-            if existing is None:
-                metrics.POD_CREATIONS.inc()
-            elif owned_by(existing["metadata"]) != job.uid:
-                raise _name_taken(job, "pod", pod["metadata"]["name"], existing)
+        await _create_pods(state, job, decision)
+    elif decision.create:  # the pods' agents wait for the Service's DNS names: both at once
+        await _all([_create_companions(state, job, logger), _create_pods(state, job, decision)])
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(job.namespace, job.name)
+
+
+async def _create_pods(state: OperatorState, job: TrainingJob, decision: Decision) -> None:
+    attempt = int(decision.status["attempt"])
+    new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image,
+                          pod_group_scheduler=state.config.pod_group_scheduler)
+                for index in decision.create]
+    key = (job.namespace, job.name)
+    state.expected[key] = (frozenset(p["metadata"]["name"] for p in new_pods), time.monotonic() + EXPECTATION_TIMEOUT)
+    try:
+        created = await _all(state.kube.create(job.namespace, pod) for pod in new_pods)
+    except Exception:
+        state.expected.pop(key, None)  # some were refused: the retry must not wait for them to appear
+        raise
+    for pod, existing in zip(new_pods, created, strict=True):
+        if existing is None:
+            metrics.POD_CREATIONS.inc()
+        elif owned_by(existing["metadata"]) != job.uid:
+            raise _name_taken(job, "pod", pod["metadata"]["name"], existing)
 
 
 async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:

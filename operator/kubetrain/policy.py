@@ -55,6 +55,7 @@ __all__ = [
     "Event",
     "classify",
     "failed_reconcile",
+    "must_persist_before_acting",
     "reconcile",
     "recovered",
     "retry_delay",
@@ -676,6 +677,24 @@ def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequenc
 def _reconcile_error(status: Mapping[str, Json]) -> Mapping[str, Json] | None:
     found = _condition(status, ConditionType.RECONCILE_ERROR)
     return found if found is not None and found.get("status") == "True" else None
+
+
+# What a crash must never lose: the attempt and the counts (and the post-mortem, status.failures).
+_COUNTS = ("attempt", "restarts", "disruptions")
+
+
+def must_persist_before_acting(before: Mapping[str, Json], decision: Decision) -> bool:
+    """Whether the decided status must be written before the decision is carried out.
+
+    A decision that deletes pods, or moves the attempt, a count or the post-mortem, is written first: after a
+    crash the pods are gone but the status still says why. One that only creates pods is carried out first (one
+    API round trip less before a gang starts): a crash in between leaves pods that the next reconcile keeps.
+    """
+    if decision.delete or decision.force_delete or decision.delete_job:
+        return True
+    after = decision.status
+    return (any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS)
+            or (before.get("failures") or []) != (after.get("failures") or []))
 
 
 def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:
