@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -549,20 +549,43 @@ class TestRendezvousTimeout:
         failed = condition(decision, "Failed")
         assert failed["reason"] == "RendezvousTimeout"
         assert "rendezvousTimeoutSeconds=120" in failed["message"]
-        assert "valid-1 never started" in failed["message"]
+        assert "valid-1 never started in time" in failed["message"]
         assert "RendezvousTimeoutError" in decision.status["failures"][-1]["logTail"]
 
     def test_a_pod_placed_after_its_peers_exited_is_named_too(self) -> None:
         pods = states(pod(0, "Failed", exit_code=1, message=self.TAIL), pod(1, "Pending", scheduled=True))
         message = condition(reconcile(job(), running(), pods, NOW), "Failed")["message"]
-        assert "valid-1 never started" in message
+        assert "valid-1 never started in time" in message
 
     def test_peers_that_never_reached_an_unstarted_node_0_are_a_rendezvous_timeout(self) -> None:
         lost = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
         pods = states(pod(0, "Pending", scheduled=False), pod(1, "Failed", exit_code=1, message=lost))
         decision = reconcile(job(), running(), pods, NOW)
         assert condition(decision, "Failed")["reason"] == "RendezvousTimeout"
-        assert "valid-0 never started" in condition(decision, "Failed")["message"]
+        assert "valid-0 never started in time" in condition(decision, "Failed")["message"]
+
+    def test_node_0_placed_only_when_a_peer_gave_up_came_too_late(self) -> None:
+        lost = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
+        peer = pod(1, "Failed", exit_code=1, message=lost, finished_at="2026-11-01T10:05:00Z")
+        late = pod(0)
+        late["status"]["startTime"] = "2026-11-01T10:05:00Z"
+        decision = reconcile(job(), running(), states(late, peer), NOW)
+        assert condition(decision, "Failed")["reason"] == "RendezvousTimeout"
+        assert "valid-0 never started in time" in condition(decision, "Failed")["message"]
+        early = pod(0)
+        early["status"]["startTime"] = "2026-11-01T10:00:00Z"  # up all along: the store itself failed
+        assert reconcile(job(), running(), states(early, peer), NOW).status["phase"] == "Restarting"
+
+    def test_a_closed_rendezvous_waits_for_the_peer_that_closed_it(self) -> None:
+        closed = "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"
+        first = pod(0, "Failed", exit_code=1, message=closed, finished_at="2026-11-01T10:09:59Z")
+        waiting = reconcile(job(), running(), states(first, pod(1)), NOW)
+        assert waiting.status["phase"] == "Running" and 0 < (waiting.requeue_after or 0) <= 5
+        cause = pod(1, "Failed", exit_code=1, message=self.TAIL, finished_at="2026-11-01T10:10:00Z")
+        decision = reconcile(job(), running(), states(first, cause), NOW)
+        assert condition(decision, "Failed")["reason"] == "RendezvousTimeout"
+        later = reconcile(job(), running(), states(first, pod(1)), NOW + timedelta(seconds=10))
+        assert later.status["phase"] == "Restarting", "no cause came: an ordinary failure"
 
     def test_another_error_of_torchrun_is_a_counted_restart(self) -> None:
         tail = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: the store failed"

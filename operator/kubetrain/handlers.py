@@ -26,6 +26,7 @@ import kopf
 from kubetrain import api, metrics
 from kubetrain.kube import ConflictError, CreateError, JobGoneError, Kube, api_failure, login
 from kubetrain.manifests import build_pod, build_pod_group, build_service, owner_reference
+from kubetrain.memory import return_freed_memory
 from kubetrain.policy import (
     Decision,
     Event,
@@ -56,6 +57,7 @@ EXPECTATION_RETRY = 0.1
 EXPECTATION_TIMEOUT = 10.0
 BATCH_WINDOW = 0.01  # seconds kopf waits for more events of one object before handling them
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
+TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class OperatorState:
     expected: dict[Key, tuple[frozenset[str], float]] = field(default_factory=dict)  # created, not yet seen
     own_writes: dict[Key, list[str]] = field(default_factory=dict)  # see job_changed
     dirty: set[Key] = field(default_factory=set)  # triggered while their reconcile ran: one more pass
+    reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity, see _scheduler)
     scheduler: asyncio.Task[None] | None = None
 
     def lock(self, key: Key) -> asyncio.Lock:
@@ -203,12 +206,16 @@ def _start_scheduler(state: OperatorState, pods: kopf.Index[Key, PodState]) -> N
 async def _scheduler(state: OperatorState) -> None:
     """Reconcile jobs that asked to be looked at again (deadlines, TTL, stall, progress, retries)."""
     logger: HandlerLogger = logging.getLogger("kubetrain.scheduler")
+    trimmed_at, reconciles_then = time.monotonic(), 0
     while True:
         await asyncio.sleep(0.25)
         now = time.monotonic()
         for key in [k for k, when in state.due.items() if when <= now]:
             state.due.pop(key, None)
             await _reconcile_measured(state, key, "timer", logger)
+        if now - trimmed_at > TRIM_INTERVAL and state.reconciles != reconciles_then:
+            return_freed_memory()
+            trimmed_at, reconciles_then = now, state.reconciles
 
 
 def _next_retry_delay(state: OperatorState, key: Key) -> float:
@@ -231,6 +238,7 @@ async def _reconcile_measured(state: OperatorState, key: Key, trigger: str, logg
             state.dirty.add(key)
             while key in state.dirty:
                 state.dirty.discard(key)
+                state.reconciles += 1
                 await _reconcile(state, key, logger)
         state.failures.pop(key, None)
     except ConflictError:

@@ -19,7 +19,8 @@ Failure taxonomy (decided from pod status, never guessed):
 Pods of an earlier job of the same name (another uid) are never this job's: they are deleted first.
 When carrying out a decision fails, ``failed_reconcile`` decides: pods the API server refuses as invalid
 fail the job; anything else is retried with backoff and shown in condition ReconcileError.
-The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous.
+The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous (a first failure
+that is itself only a consequence, RendezvousClosedError, waits up to CAUSE_WAIT for its cause to be seen).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from kubetrain.api import ConditionType, Phase, Reason
 from kubetrain.manifests import job_selector, pod_name
 from kubetrain.spec import TrainingJob
 from kubetrain.status import (
+    RENDEZVOUS_CLOSED_ERROR,
     RENDEZVOUS_CONNECTION_ERROR,
     FailureKind,
     PodState,
@@ -424,7 +426,10 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
     if not failed:
         return False
     first = failed[0]
-    kind = FailureKind.RENDEZVOUS_TIMEOUT if _host_never_came(first, current) else first.failure_kind
+    if _awaiting_the_cause(draft, first, current):
+        return True
+    timed_out = any(p.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT for p in failed)
+    kind = FailureKind.RENDEZVOUS_TIMEOUT if timed_out or _host_never_came(first, current) else first.failure_kind
     message = _describe(first)
     report = first.final_report() or {}
     if report.get("reason") == "ConfigError":
@@ -439,7 +444,7 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
                 "(set failurePolicy.restartOnOOM to retry as is)")
     elif kind is FailureKind.RENDEZVOUS_TIMEOUT:
         _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True)
-        _finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current))
+        _finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
     elif kind is FailureKind.DISRUPTION:
         _restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
     else:
@@ -448,20 +453,38 @@ def _handle_failures(draft: _Draft, current: Sequence[PodState]) -> bool:
     return True
 
 
+def _awaiting_the_cause(draft: _Draft, first: PodState, current: Sequence[PodState]) -> bool:
+    """A RendezvousClosedError is a consequence: a peer's agent closed the rendezvous as it exited (its join
+    timed out, or it failed). While peers still run, wait a moment for that peer's own failure to be seen."""
+    if RENDEZVOUS_CLOSED_ERROR not in (first.message or "") or first.finish_time is None:
+        return False
+    if not any(p.running for p in current) or draft.now >= first.finish_time + CAUSE_WAIT:
+        return False
+    draft.requeue((first.finish_time + CAUSE_WAIT - draft.now).total_seconds())
+    return True
+
+
 def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
-    """The agents could not reach the rendezvous store because node 0, which hosts it, never started: the gang
+    """The agents could not reach the rendezvous store because node 0, which hosts it, had not started: the gang
     did not form, as surely as when torchrun's join timeout passes (launch.rendezvous_conf makes both waits
-    rendezvousTimeoutSeconds long)."""
+    rendezvousTimeoutSeconds long). Node 0 may be placed the moment a peer gives up and frees its machine, so
+    one that started only then counts as never come."""
+    if RENDEZVOUS_CONNECTION_ERROR not in (first.message or ""):
+        return False
     host = next((p for p in current if p.index == 0), None)
-    return RENDEZVOUS_CONNECTION_ERROR in (first.message or "") and (host is None or host.phase == "Pending")
+    if host is None or host.phase == "Pending" or host.start_time is None:
+        return True
+    return first.finish_time is not None and host.start_time >= first.finish_time - HOST_LATE_SLACK
 
 
-def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState]) -> str:
+def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState], first: PodState) -> str:
     seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
     # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
-    # placed the moment its peers exit, before this reconcile sees them; either way it never started.
-    unstarted = [p.name for p in current if p.phase == "Pending"]
-    where = (f"pod(s) {', '.join(unstarted)} never started (see their events: unschedulable, image pull, ...)"
+    # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
+    late_host = [p.name for p in current if p.index == 0 and p.phase != "Pending" and _host_never_came(first, current)]
+    unstarted = [*late_host, *(p.name for p in current if p.phase == "Pending")]
+    where = (f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image "
+             "pull, ...)"
              if unstarted else "every pod started, but not all of them joined (see `kubetrain logs`)")
     return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
             f"{seconds}: {where}; not retried, as the same gang would wait the same way")
@@ -678,6 +701,11 @@ def _reconcile_error(status: Mapping[str, Json]) -> Mapping[str, Json] | None:
     found = _condition(status, ConditionType.RECONCILE_ERROR)
     return found if found is not None and found.get("status") == "True" else None
 
+
+# How long a failure that only follows another (RendezvousClosedError) waits for that other one to be seen.
+CAUSE_WAIT = timedelta(seconds=5)
+# Timestamps have one-second resolution: a node 0 that started within this of a peer's failure came too late.
+HOST_LATE_SLACK = timedelta(seconds=2)
 
 # What a crash must never lose: the attempt and the counts (and the post-mortem, status.failures).
 _COUNTS = ("attempt", "restarts", "disruptions")

@@ -60,6 +60,8 @@ TAINT_EVICTION_REASON = "DeletionByTaintManager"
 # What torchrun's agent raises when the gang does not all join within its join_timeout; the kubelet keeps the
 # traceback's tail as the termination message (FallbackToLogsOnError).
 RENDEZVOUS_TIMEOUT_ERROR = "RendezvousTimeoutError"
+# What the other agents raise when one agent closed the rendezvous on its way out (a consequence, not a cause).
+RENDEZVOUS_CLOSED_ERROR = "RendezvousClosedError"
 # What the other agents raise when node 0, which hosts the rendezvous store, is not there within read_timeout.
 RENDEZVOUS_CONNECTION_ERROR = "RendezvousConnectionError"
 
