@@ -35,8 +35,10 @@ def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
     from bench import cluster, core, peer, scale, trainer, trainer_overhead
 
+    # The peer before the scale benchmarks: their 512-pod job and 250 jobs would still be going away (and
+    # weigh on a freshly started operator) when the peer measures memory.
     return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
-            *scale.BENCHMARKS, *peer.BENCHMARKS)
+            *peer.BENCHMARKS, *scale.BENCHMARKS)
 
 
 def select(benchmarks: Sequence[Benchmark], names: Sequence[str], *, no_lab: bool = False) -> list[Benchmark]:
