@@ -483,9 +483,10 @@ def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState], firs
     # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
     late_host = [p.name for p in current if p.index == 0 and p.phase != "Pending" and _host_never_came(first, current)]
     unstarted = [*late_host, *(p.name for p in current if p.phase == "Pending")]
-    where = (f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image "
-             "pull, ...)"
-             if unstarted else "every pod started, but not all of them joined (see `kubetrain logs`)")
+    if unstarted:
+        where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
+    else:
+        where = "every pod started, but not all of them joined (see `kubetrain logs`)"
     return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
             f"{seconds}: {where}; not retried, as the same gang would wait the same way")
 
