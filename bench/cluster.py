@@ -9,6 +9,7 @@ errors too (:meth:`bench.registry.Context.close`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import signal
@@ -102,17 +103,39 @@ class Cluster:
                                    f"saw {phases}")
             time.sleep(POLL_S)
 
+    def wait_count(self, namespace: str, selector: str, count: int, timeout: float = 300) -> float:
+        """Poll until ``count`` pods match ``selector`` (created, whatever their phase); time.monotonic() then."""
+        deadline = time.monotonic() + timeout
+        while (found := len(self.pods(namespace, selector))) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{found}/{count} pods {selector} in {namespace} after {timeout} s")
+            time.sleep(POLL_S)
+        return time.monotonic()
+
+    def create_objects(self, namespace: str, objects: list[Json], concurrency: int = 1) -> None:
+        """Post a Service and pods (as ``bare_objects`` makes them): the Service first, then the pods,
+        ``concurrency`` requests at a time."""
+        service, *pods = objects
+        self.lab.api.post(f"/api/v1/namespaces/{namespace}/services", service)
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda pod: self.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
+
     def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods of ``selector`` at once (not waiting for the garbage collector)."""
         self.lab.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
 
-    def wait_no_pods(self, namespace: str, selector: str, timeout: float = 60) -> None:
-        """Every pod of ``selector`` gone from the API and its processes stopped by the kubelet."""
+    def wait_gone(self, namespace: str, selector: str, timeout: float = 60, poll: float = 0.2) -> float:
+        """Poll until no pod matches ``selector`` in the API; time.monotonic() then."""
         deadline = time.monotonic() + timeout
         while self.pods(namespace, selector):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pods {selector} in {namespace} still there after {timeout} s")
-            time.sleep(0.2)
+            time.sleep(poll)
+        return time.monotonic()
+
+    def wait_no_pods(self, namespace: str, selector: str, timeout: float = 60) -> None:
+        """Every pod of ``selector`` gone from the API and its processes stopped by the kubelet."""
+        self.wait_gone(namespace, selector, timeout)
         self.lab.wait_pods_stopped(namespace, timeout=timeout)
 
 
@@ -200,9 +223,7 @@ def time_to_running_bench(ctx: Context) -> list[Figure]:
         selector = f"bench.kubetrain.io/bare={name}"
         objects = bare_objects(name, namespace, spec)
         t0 = time.monotonic()
-        for obj in objects:
-            kind = "services" if obj["kind"] == "Service" else "pods"
-            lab.lab.api.post(f"/api/v1/namespaces/{namespace}/{kind}", obj)
+        lab.create_objects(namespace, objects)
         seconds = lab.wait_running(namespace, selector, nodes) - t0
         lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{name}")
         lab.delete_pods(namespace, selector)
@@ -282,20 +303,12 @@ def gang_restart_bench(ctx: Context) -> list[Figure]:
 def _bare_deletion_seconds(lab: Cluster, namespace: str, name: str, nodes: int) -> float:
     """Seconds from deleting the job's pods, created bare and Running, until they are gone from the API."""
     selector = f"bench.kubetrain.io/bare={name}"
-    objects = bare_objects(name, namespace, job_spec(SLEEPER, nodes))
-    for obj in objects:
-        kind = "services" if obj["kind"] == "Service" else "pods"
-        lab.lab.api.post(f"/api/v1/namespaces/{namespace}/{kind}", obj)
+    lab.create_objects(namespace, bare_objects(name, namespace, job_spec(SLEEPER, nodes)))
     lab.wait_running(namespace, selector, nodes)
     time.sleep(1)  # torchrun's agent is up and its worker started, as in the job's round
     t0 = time.monotonic()
     lab.delete_pods(namespace, selector)
-    deadline = t0 + 60
-    while lab.pods(namespace, selector):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"bare pods {selector} still there after 60 s")
-        time.sleep(POLL_S)
-    seconds = time.monotonic() - t0
+    seconds = lab.wait_gone(namespace, selector, poll=POLL_S) - t0
     lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{name}")
     lab.wait_no_pods(namespace, selector)
     return seconds

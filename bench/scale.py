@@ -8,11 +8,10 @@ hundreds of processes.
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from typing import Any
 
-from bench.cluster import bare_objects, cluster, job_spec
+from bench.cluster import Cluster, bare_objects, cluster, job_spec
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median, percentile
 
@@ -50,8 +49,8 @@ def wide_job_bench(ctx: Context) -> list[Figure]:
     try:
         ctx.log("warm-up: a 2-node job and its bare pods (not counted)")
         jobs.create("warm", _unplaceable(2))
-        _wait_count(lab, namespace, "kubetrain.io/job-name=warm", 2)
-        _create_concurrently(lab, namespace, bare_objects("warm-bare", namespace, _unplaceable(2)))
+        lab.wait_count(namespace, "kubetrain.io/job-name=warm", 2)
+        lab.create_objects(namespace, bare_objects("warm-bare", namespace, _unplaceable(2)), CLIENT_CONNECTIONS)
         for number in range(rounds):  # alternating, so that a slow spell hits both
             ctx.log(f"round {number}: a TrainingJob of {nodes} nodes, then the same pods from a plain client")
             job_s.append(_timed_job(lab, jobs, f"wide-{number}", spec))
@@ -64,43 +63,26 @@ def wide_job_bench(ctx: Context) -> list[Figure]:
         "rounds each", job_s=median(job_s), bare_s=median(bare_s), pods=nodes)]
 
 
-def _timed_job(lab: Any, jobs: Any, name: str, spec: Json) -> float:
+def _timed_job(lab: Cluster, jobs: Any, name: str, spec: Json) -> float:
     selector = f"kubetrain.io/job-name={name}"
     t0 = time.monotonic()
     jobs.create(name, spec)
-    seconds = _wait_count(lab, jobs.namespace, selector, spec["nodes"]) - t0
+    seconds = lab.wait_count(jobs.namespace, selector, spec["nodes"]) - t0
     lab.lab.api.delete(f"{jobs.base}/{name}")
     lab.delete_pods(jobs.namespace, selector)
     lab.wait_no_pods(jobs.namespace, selector, timeout=300)
     return seconds
 
 
-def _timed_bare(lab: Any, namespace: str, name: str, spec: Json) -> float:
+def _timed_bare(lab: Cluster, namespace: str, name: str, spec: Json) -> float:
     selector = f"bench.kubetrain.io/bare={name}"
     objects = bare_objects(name, namespace, spec)
     t0 = time.monotonic()
-    _create_concurrently(lab, namespace, objects)
-    seconds = _wait_count(lab, namespace, selector, spec["nodes"]) - t0
+    lab.create_objects(namespace, objects, CLIENT_CONNECTIONS)
+    seconds = lab.wait_count(namespace, selector, spec["nodes"]) - t0
     lab.delete_pods(namespace, selector)
     lab.wait_no_pods(namespace, selector, timeout=300)
     return seconds
-
-
-def _create_concurrently(lab: Any, namespace: str, objects: list[Json]) -> None:
-    service, *pods = objects
-    lab.lab.api.post(f"/api/v1/namespaces/{namespace}/services", service)
-    with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
-        list(pool.map(lambda pod: lab.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
-
-
-def _wait_count(lab: Any, namespace: str, selector: str, count: int, timeout: float = 300) -> float:
-    """Poll until ``count`` pods match ``selector``; time.monotonic() then."""
-    deadline = time.monotonic() + timeout
-    while (found := len(lab.pods(namespace, selector))) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{found}/{count} pods {selector} in {namespace} after {timeout} s")
-        time.sleep(0.05)
-    return time.monotonic()
 
 
 BUSY_RECONCILE = FigureSpec(
@@ -125,7 +107,7 @@ def busy_reconcile_bench(ctx: Context) -> list[Figure]:
         ctx.log(f"creating {background} background jobs")
         for number in range(background):
             jobs.create(f"background-{number}", _unplaceable(1))
-        _wait_count(lab, namespace, "kubetrain.io/job-name", background + samples)
+        lab.wait_count(namespace, "kubetrain.io/job-name", background + samples)
         ctx.log(f"{samples} jobs' first reconcile, {background} others present")
         busy = _first_status_seconds(jobs, "busy", samples)
     finally:

@@ -262,15 +262,22 @@ UNTIL_TWO_NODES = (
 )
 
 
-def test_elastic_job_grows_through_the_scale_subresource(lab: Lab, jobs: Jobs) -> None:
-    jobs.create("growing", spec(UNTIL_TWO_NODES, nodes=1, elastic={"minNodes": 1, "maxNodes": 2}))
-    jobs.wait_phase("growing", "Running", timeout=180)
-    wait_for(lambda: "world size 1" in lab.pod_log(jobs.namespace, "growing-0").read_text(), 120,
-             "the first worker to start with world size 1", interval=0.5)
-    lab.kubectl("scale", "-n", jobs.namespace, "tj/growing", "--replicas=2")
-    status = jobs.wait_phase("growing", "Succeeded", timeout=240)
+def _rescale(lab: Lab, jobs: Jobs, name: str, program: str, nodes: tuple[int, int]) -> Json:
+    """Run ``program`` on nodes[0] nodes of an elastic job ranging between both counts, scale it to nodes[1] once
+    its workers started, and wait for its success; checks that torchrun re-rendezvoused in place. Its status."""
+    jobs.create(name, spec(program, nodes=nodes[0], elastic={"minNodes": min(nodes), "maxNodes": max(nodes)}))
+    jobs.wait_phase(name, "Running", timeout=180)
+    wait_for(lambda: f"world size {nodes[0]}" in lab.pod_log(jobs.namespace, f"{name}-0").read_text(), 120,
+             f"the workers to start with world size {nodes[0]}", interval=0.5)
+    lab.kubectl("scale", "-n", jobs.namespace, f"tj/{name}", f"--replicas={nodes[1]}")
+    status: Json = jobs.wait_phase(name, "Succeeded", timeout=240)
     assert status["attempt"] == 0 and status["restarts"] == 0, "torchrun re-rendezvous in place"
-    assert status["nodes"]["desired"] == 2
+    assert status["nodes"]["desired"] == nodes[1]
+    return status
+
+
+def test_elastic_job_grows_through_the_scale_subresource(lab: Lab, jobs: Jobs) -> None:
+    _rescale(lab, jobs, "growing", UNTIL_TWO_NODES, (1, 2))
     assert "world size 2" in lab.pod_log(jobs.namespace, "growing-0").read_text()
     scale = lab.api.get(f"/apis/kubetrain.io/v1alpha1/namespaces/{jobs.namespace}/trainingjobs/growing/scale")
     assert scale["spec"]["replicas"] == 2
@@ -291,15 +298,8 @@ UNTIL_SHRUNK_TO_TWO = (
 
 
 def test_elastic_job_shrinks_in_place_without_a_restart(lab: Lab, jobs: Jobs) -> None:
-    jobs.create("shrinking", spec(UNTIL_SHRUNK_TO_TWO, nodes=3, elastic={"minNodes": 2, "maxNodes": 3}))
-    jobs.wait_phase("shrinking", "Running", timeout=180)
-    wait_for(lambda: "world size 3" in lab.pod_log(jobs.namespace, "shrinking-0").read_text(), 120,
-             "the workers to start with world size 3", interval=0.5)
-    lab.kubectl("scale", "-n", jobs.namespace, "tj/shrinking", "--replicas=2")
-    status = jobs.wait_phase("shrinking", "Succeeded", timeout=240)
-    assert status["attempt"] == 0 and status["restarts"] == 0, "torchrun re-rendezvous in place"
+    status = _rescale(lab, jobs, "shrinking", UNTIL_SHRUNK_TO_TWO, (3, 2))
     assert not status.get("failures") and not status.get("disruptions")
-    assert status["nodes"]["desired"] == 2
     assert "world size 2" in lab.pod_log(jobs.namespace, "shrinking-1").read_text()
     assert "ScaledDown" in {e["reason"] for e in jobs.events("shrinking")}
 

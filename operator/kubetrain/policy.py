@@ -481,8 +481,8 @@ def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState], firs
     seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
     # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
     # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
-    late_host = [p.name for p in current if p.index == 0 and p.phase != "Pending" and _host_never_came(first, current)]
-    unstarted = [*late_host, *(p.name for p in current if p.phase == "Pending")]
+    late = _host_never_came(first, current)
+    unstarted = [p.name for p in current if p.phase == "Pending" or (late and p.index == 0)]
     if unstarted:
         where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
     else:
