@@ -32,7 +32,7 @@ from bench.cluster import Cluster, cluster
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
 
-__all__ = ["BENCHMARKS", "PeerOperator", "pytorchjob", "tiny_image", "trainingjob_spec"]
+__all__ = ["BENCHMARKS", "PeerOperator", "pytorchjob", "trainingjob_spec"]
 
 Json = Any
 MIB = 1024 * 1024
@@ -50,24 +50,9 @@ PEER_CRD = "pytorchjobs.kubeflow.org"
 BURST_JOBS = 50
 POLL_S = 0.025
 BURST_POLL_S = 0.2
-TORCHRUN = """#!/bin/sh
-# The bench's tiny image: torchrun drops its own flags and execs the job's command (after --no-python).
-while [ "$#" -gt 0 ] && [ "$1" != "--no-python" ]; do shift; done
-[ "$#" -gt 0 ] && shift
-exec "$@"
-"""
 
 
 # what both operators are given ------------------------------------------------------------------------
-def tiny_image(root: Path) -> Path:
-    """Write the tiny image's environment (a ``bin/torchrun`` that execs its command) under ``root``."""
-    torchrun = root / "bin" / "torchrun"
-    torchrun.parent.mkdir(parents=True, exist_ok=True)
-    torchrun.write_text(TORCHRUN)
-    torchrun.chmod(0o755)
-    return root
-
-
 def trainingjob_spec(nodes: int, *, suspend: bool = False) -> Json:
     return {
         "image": TINY_IMAGE, "command": list(COMMAND), "nodes": nodes, "procsPerNode": 1,
@@ -197,14 +182,9 @@ def start_peer(ctx: Context, lab: Cluster) -> PeerOperator:
 
 def install_tiny_image(ctx: Context, lab: Cluster) -> None:
     """Map the tiny image in the lab's kubelet, ahead of its catch-all entry (pods resolve it at start)."""
-    from tests.lab.images import ImageEnvironment
+    from tests.lab.images import exec_only_image
 
-    root = tiny_image(ctx.workdir / "tiny-image")
-    mapping = lab.lab.images.mapping
-    entries = dict(mapping)
-    entries.pop(TINY_IMAGE, None)
-    mapping.clear()
-    mapping.update({TINY_IMAGE: ImageEnvironment(prefix=root), **entries})
+    lab.lab.images.put_first(TINY_IMAGE, exec_only_image(ctx.workdir / "tiny-image"))
 
 
 # the two operators, as the bench drives them -----------------------------------------------------------

@@ -137,10 +137,10 @@ def test_peer_jobs_are_the_same_work_for_both_operators() -> None:
     assert spec["resources"]["cpu"] == container["resources"]["requests"]["cpu"]
 
 
-def test_peer_tiny_image_torchrun_runs_the_command_after_its_flags(tmp_path: Path) -> None:
-    from bench.peer import tiny_image
+def test_exec_only_image_torchrun_runs_the_command_after_its_flags(tmp_path: Path) -> None:
+    from tests.lab.images import exec_only_image
 
-    torchrun = tiny_image(tmp_path) / "bin" / "torchrun"
+    torchrun = exec_only_image(tmp_path).prefix / "bin" / "torchrun"
     argv = [str(torchrun), "--nnodes=2", "--no-python", "echo", "hello", "--flag"]
     assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == "hello --flag\n"
 

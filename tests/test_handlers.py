@@ -265,3 +265,20 @@ def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
         await asyncio.gather(*(handlers._reconcile_measured(state, KEY, "pod", logger) for _ in range(20)))
     asyncio.run(burst())
     assert cluster.calls.count("get_namespaced_custom_object") - reads == 2, "one pass, then one more"
+
+
+def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(
+        recwarn: pytest.WarningsRecorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting kopf has deprecated does nothing (``batching.batch_window`` was one, set here for days)."""
+    monkeypatch.setattr(handlers, "login", lambda _: kopf.ConnectionInfo(server="https://127.0.0.1:1"))
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo()
+
+    async def start() -> None:
+        await handlers.startup(settings=settings, memo=memo)
+        await handlers.cleanup(memo=memo)
+    asyncio.run(start())
+    deprecated = [str(w.message) for w in recwarn if issubclass(w.category, DeprecationWarning)]
+    assert not deprecated
+    assert settings.queueing.idle_timeout <= 1.0, "each quiet job's worker would hold its last event for seconds"
+    assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({})) is None

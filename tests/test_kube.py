@@ -225,6 +225,7 @@ def report(*_, **__):
     registry = kopf.get_default_registry()
     logins = [h.id for h in registry._activities.get_handlers(activity=Activity.AUTHENTICATION)]
     print(json.dumps({"kubernetes": sys.modules.get("kubernetes") is not None,
+                      "validators": sorted(m for m in ("jsonschema", "celpy") if m in sys.modules),
                       "loaded": sorted(m for m in ("kopf", "kubetrain.handlers", "kubetrain.kube") if m in sys.modules),
                       "logins": logins, "rss_mib": int(status["VmRSS"].split()[0]) / 1024}))
     sys.exit(0)
@@ -242,5 +243,6 @@ def test_the_operator_process_never_loads_the_official_client() -> None:
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"operator start-up RSS: {facts['rss_mib']:.1f} MiB")
     assert facts["kubernetes"] is False
+    assert facts["validators"] == [], "the API server validates jobs; the operator need not hold a validator"
     assert facts["loaded"] == ["kopf", "kubetrain.handlers", "kubetrain.kube"]
     assert [login.split(".")[-1] for login in facts["logins"]] == ["login_handler"]  # not kopf's client login

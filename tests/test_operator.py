@@ -11,10 +11,12 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.lab.images import exec_only_image
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
 from tests.operator_fixtures import Jobs, OperatorProcess, phase_recorder
@@ -41,6 +43,9 @@ FROZEN_HEARTBEAT = (
     "start_http_server(int(os.environ['KUBETRAIN_METRICS_PORT']))\n"
     "time.sleep(600)\n"
 )
+
+
+EXEC_ONLY_IMAGE = "test.kubetrain.io/exec-only:1"
 
 
 def spec(code: str, nodes: int = 1, **extra: Json) -> Json:
@@ -225,12 +230,14 @@ def test_job_managed_by_another_controller_is_left_alone(jobs: Jobs) -> None:
 
 
 def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(
-    lab: Lab, jobs: Jobs, operator: OperatorProcess,
+    lab: Lab, jobs: Jobs, operator: OperatorProcess, tmp_path: Path,
 ) -> None:
     names = [f"burst-{i:02d}" for i in range(50)]
-    # Each pod asks for 3 of a lab node's 16 CPUs, so at most 10 run at once and the rest wait
-    # Pending: 50 torchrun agents at once would need ~20 GiB, more than this machine has.
-    burst = spec("print('ok')", resources={"cpu": "3", "memory": "512Mi", "sharedMemory": "64Mi"})
+    # The operator is under test, not torchrun: the pods run `true` in the exec-only image, all 50 at once
+    # (50 torchrun agents would need ~20 GiB, so they had to run 10 at a time: 80 s instead of about 20).
+    lab.images.put_first(EXEC_ONLY_IMAGE, exec_only_image(tmp_path / "image"))
+    burst = {**spec(""), "image": EXEC_ONLY_IMAGE, "command": ["true"],
+             "resources": {"cpu": "10m", "memory": "32Mi", "sharedMemory": "1Mi"}}
     for number, name in enumerate(names):
         jobs.create(name, burst)
         if number == 20:

@@ -41,7 +41,9 @@ class Problem:
 def crd() -> Mapping[str, Json]:
     """The TrainingJob CustomResourceDefinition shipped with the package."""
     text = importlib.resources.files("kubetrain").joinpath("crd.yaml").read_text(encoding="utf-8")
-    loaded: Mapping[str, Json] = yaml.safe_load(text)
+    # libyaml's loader, where PyYAML has it: the operator loads this at start-up, and the pure-Python loader's
+    # garbage stays in the process as fragmented memory.
+    loaded: Mapping[str, Json] = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return loaded
 
 
@@ -111,18 +113,22 @@ _TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a strin
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
     schema = error.schema if isinstance(error.schema, dict) else {}
-    keyword = error.validator
+    return _keyword_message(str(error.validator), schema, error.instance) or error.message
+
+
+def _keyword_message(keyword: str, schema: Mapping[str, Json], instance: Json) -> str | None:
+    """What the CLI says when ``instance`` breaks the schema's ``keyword``; None: jsonschema's own words."""
     if keyword == "minimum":
         exclusive = schema.get("exclusiveMinimum") is True
-        return f"must be {'greater than' if exclusive else 'at least'} {schema['minimum']} (got {error.instance})"
+        return f"must be {'greater than' if exclusive else 'at least'} {schema['minimum']} (got {instance})"
     if keyword == "maximum":
-        return f"must be at most {schema['maximum']} (got {error.instance})"
+        return f"must be at most {schema['maximum']} (got {instance})"
     if keyword == "enum":
-        return f"must be one of {', '.join(map(str, schema['enum']))} (got {error.instance!r})"
+        return f"must be one of {', '.join(map(str, schema['enum']))} (got {instance!r})"
     if keyword == "type":
-        return f"must be {_TYPE_WORDS.get(str(schema['type']), schema['type'])} (got {error.instance!r})"
+        return f"must be {_TYPE_WORDS.get(str(schema['type']), schema['type'])} (got {instance!r})"
     if keyword == "pattern":
-        return f"must match the pattern {schema['pattern']} (got {error.instance!r})"
+        return f"must match the pattern {schema['pattern']} (got {instance!r})"
     if keyword == "minLength":
         return f"must be at least {schema['minLength']} characters long"
     if keyword == "maxLength":
@@ -134,8 +140,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     if keyword == "maxProperties":
         return f"must have at most {schema['maxProperties']} entries"
     if keyword == "anyOf" and schema.get("x-kubernetes-int-or-string"):
-        return f"must be an integer or a quantity string such as 8Gi (got {error.instance!r})"
-    return error.message
+        return f"must be an integer or a quantity string such as 8Gi (got {instance!r})"
+    return None
 
 
 def _schema_problems(schema: Mapping[str, Json], value: Json) -> Iterator[Problem]:
@@ -259,9 +265,22 @@ def field_problems(path: str, value: Json) -> list[Problem]:
     schema: Mapping[str, Json] | None = crd_schema()
     for key in path.split("."):
         schema = _child_schema(schema, key) if schema is not None else None
-    if schema is None:
-        raise KeyError(f"the CRD has no field {path}")
-    return [Problem(path, problem.message) for problem in _schema_problems(schema, value)]
+    if schema is None or schema.get("type") != "string":
+        raise KeyError(f"the CRD has no string field {path}")
+    return [Problem(path, message) for message in _string_problems(schema, value)]
+
+
+def _string_problems(schema: Mapping[str, Json], value: Json) -> Iterator[str]:
+    """A string field's bounds, checked without jsonschema: the operator checks its settings this way at
+    start-up, and importing jsonschema (with its metaschemas) would cost the process about 1 MiB for good."""
+    if not isinstance(value, str):
+        yield _keyword_message("type", schema, value) or "type"
+        return
+    for keyword, broken in (("minLength", lambda bound: len(value) < bound),
+                            ("maxLength", lambda bound: len(value) > bound),
+                            ("pattern", lambda pattern: re.search(pattern, value) is None)):
+        if keyword in schema and broken(schema[keyword]):
+            yield _keyword_message(keyword, schema, value) or keyword
 
 
 def validate_object(obj: Json, old: Json = None) -> tuple[Json, list[Problem]]:

@@ -20,6 +20,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EXEC_ONLY_TORCHRUN = """#!/bin/sh
+# The exec-only image's torchrun: drops its own flags and execs the job's command (after --no-python).
+while [ "$#" -gt 0 ] && [ "$1" != "--no-python" ]; do shift; done
+[ "$#" -gt 0 ] && shift
+exec "$@"
+"""
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,16 @@ class ImageEnvironment:
 
 def default_environment() -> ImageEnvironment:
     return ImageEnvironment(prefix=Path(sys.prefix), env={"PYTHONPATH": str(REPO / "trainer_image")})
+
+
+def exec_only_image(root: Path) -> ImageEnvironment:
+    """An image (written under ``root``) whose ``torchrun`` only execs the job's command: its pods cost a
+    process, not a torch import, for tests and benchmarks of the operator with dozens of pods at once."""
+    torchrun = root / "bin" / "torchrun"
+    torchrun.parent.mkdir(parents=True, exist_ok=True)
+    torchrun.write_text(EXEC_ONLY_TORCHRUN)
+    torchrun.chmod(0o755)
+    return ImageEnvironment(prefix=root)
 
 
 def _parse(entry: object) -> ImageEnvironment:
@@ -55,6 +71,12 @@ class ImageMap:
         self.mapping = {pattern: _parse(entry) for pattern, entry in configured.items()}
         self.mapping.update(mapping or {})
         self.mapping.setdefault("*", default_environment())
+
+    def put_first(self, pattern: str, environment: ImageEnvironment) -> None:
+        """Resolve ``pattern`` to ``environment`` ahead of every other entry, the catch-all included."""
+        entries = {key: value for key, value in self.mapping.items() if key != pattern}
+        self.mapping.clear()
+        self.mapping.update({pattern: environment, **entries})
 
     def resolve(self, image: str) -> ImageEnvironment:
         for pattern, environment in self.mapping.items():
