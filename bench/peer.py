@@ -214,6 +214,13 @@ class Side:
         rss: int = psutil.Process(self.pid()).memory_info().rss
         return rss
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the operator process has used so far."""
+        import psutil
+
+        times = psutil.Process(self.pid()).cpu_times()
+        return float(times.user + times.system)
+
 
 def sides(lab: Cluster, peer: PeerOperator) -> tuple[Side, Side]:
     def kubetrain_body(name: str, nodes: int, suspend: bool) -> Json:
@@ -312,13 +319,20 @@ def startup_rounds(ctx: Context, lab: Cluster, both: Sequence[Side], nodes: int,
     return timings
 
 
-def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> tuple[float, int | None]:
-    """Create ``jobs`` two-pod jobs (or, with no side, the same number of pods by hand) at once; seconds
-    from the first create to every pod Running, and the operator's RSS then."""
+@dataclass
+class Burst:
+    seconds: float  # from the first create to every pod Running
+    rss: int | None = None  # the operator's then
+    cpu_s: float | None = None  # CPU seconds the operator used meanwhile
+
+
+def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> Burst:
+    """Create ``jobs`` two-pod jobs (or, with no side, the same number of pods by hand) at once."""
     key = side.key if side else "plain"
     namespace = lab.namespace(f"burst-{key}")
     try:
         ctx.log(f"peer: burst of {jobs} two-pod jobs, {key}")
+        cpu0 = side.cpu_s() if side else 0.0
         t0 = time.monotonic()
         for number in range(jobs):
             if side is None:
@@ -328,7 +342,9 @@ def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> tuple[flo
                 side.create(lab, namespace, f"b{number}", 2)
         selector = side.label if side else "bench.kubetrain.io/plain"
         _, running = wait_pods(lab, namespace, selector, 2 * jobs, poll=BURST_POLL_S, timeout=300)
-        return running - t0, (side.rss() if side else None)
+        if side is None:
+            return Burst(running - t0)
+        return Burst(running - t0, side.rss(), side.cpu_s() - cpu0)
     finally:
         lab.delete_namespace(namespace)
 
@@ -423,21 +439,24 @@ def startup_figures(ctx: Context, lab: Cluster, both: Sequence[Side], nodes: int
 def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figure]:
     rounds = 1 if ctx.quick else 2
     seconds: dict[str, list[float]] = {"kubetrain": [], "kubeflow": [], "plain": []}
+    cpu: dict[str, list[float]] = {"kubetrain": [], "kubeflow": []}
     rss: dict[str, int] = {}
     for number in range(rounds):
         order: list[Side | None] = [*both, None] if number % 2 else [*reversed(both), None]
         for side in order:
-            elapsed, resident = burst(ctx, lab, side, BURST_JOBS)
-            seconds[side.key if side else "plain"].append(elapsed)
-            if side is not None and resident is not None:
-                rss[side.key] = max(rss.get(side.key, 0), resident)
+            measured = burst(ctx, lab, side, BURST_JOBS)
+            seconds[side.key if side else "plain"].append(measured.seconds)
+            if side is not None and measured.rss is not None and measured.cpu_s is not None:
+                rss[side.key] = max(rss.get(side.key, 0), measured.rss)
+                cpu[side.key].append(measured.cpu_s)
     pods = 2 * BURST_JOBS
     rate = {key: pods / median(values) for key, values in seconds.items()}
     return [
         BURST.measured(rate["kubetrain"] / rate["kubeflow"],
                        f"kubetrain {rate['kubetrain']:.1f} pods/s ({median(seconds['kubetrain']):.1f} s) / Kubeflow "
                        f"{rate['kubeflow']:.1f} pods/s ({median(seconds['kubeflow']):.1f} s); plain client "
-                       f"{rate['plain']:.1f} pods/s ({median(seconds['plain']):.1f} s); {pods} pods, {rounds} round(s)",
+                       f"{rate['plain']:.1f} pods/s ({median(seconds['plain']):.1f} s); {pods} pods, {rounds} "
+                       f"round(s); operator CPU {median(cpu['kubetrain']):.1f} s / {median(cpu['kubeflow']):.1f} s",
                        kubetrain_pods_per_s=rate["kubetrain"], kubeflow_pods_per_s=rate["kubeflow"],
                        plain_pods_per_s=rate["plain"]),
         _rss_figure(RSS_BURST, rss, "after the burst"),

@@ -232,6 +232,19 @@ def _pair(ctx: Context) -> float:
     return throughput(a, window=window).samples_per_s + throughput(b, window=window).samples_per_s
 
 
+def _gloo_floor(step_s: float) -> str:
+    """What gloo's all-reduces alone cost a DDP step on this machine, measured now (bench/gloo_latency.py)."""
+    from bench import gloo_latency
+
+    try:
+        costs = gloo_latency.measure()
+    except (subprocess.SubprocessError, StopIteration, ValueError) as error:
+        return f"; gloo's latency not measured ({type(error).__name__})"
+    per_step = (costs["grads"] + costs["floats"]) / 1e3
+    return (f"; gloo all-reduces here {costs['grads']:.1f} ms (0.56 MB of gradients) + {costs['floats']:.1f} ms "
+            f"(loss, stop) a step: at most {step_s / (step_s + per_step):.2f} before any waiting")
+
+
 def scaling_bench(ctx: Context) -> list[Figure]:
     # Interleaved (1, 2, pair, 1, 2, pair): a slow spell of the machine then hits every side, not one; the
     # best of each is the run least disturbed by the machine's other work.
@@ -246,6 +259,7 @@ def scaling_bench(ctx: Context) -> list[Figure]:
     # More than one process per core is impossible: the single-process run was slowed by other work.
     disturbed = "; DISTURBED: the 1-process run ran in a busy spell, rerun" if capacity > 1.05 * (
         os.cpu_count() or 1) else ""
+    floor = _gloo_floor(one.step_s)
     return [
         SCALING.measured(efficiency, f"2 processes {two.samples_per_s:.0f} samples/s / 2 x 1 process "
                                      f"{one.samples_per_s:.0f} samples/s; synthetic MLP, batch {BATCH}/process"
@@ -253,7 +267,8 @@ def scaling_bench(ctx: Context) -> list[Figure]:
                          one_proc_samples_per_s=one.samples_per_s, two_proc_samples_per_s=two.samples_per_s),
         DDP.measured(two.samples_per_s / pair, f"2 DDP processes {two.samples_per_s:.0f} samples/s / 2 independent "
                                                f"processes side by side {pair:.0f} samples/s (the machine's "
-                                               f"parallel capacity: {capacity:.2f}x one process){disturbed}",
+                                               f"parallel capacity: {capacity:.2f}x one process){floor}"
+                                               f"{disturbed}",
                      pair_samples_per_s=pair),
     ]
 
