@@ -121,6 +121,7 @@ def test_operator_hands_its_settings_to_kopf_and_the_handlers(monkeypatch: pytes
     assert launch.run_kwargs is not None
     assert launch.run_kwargs["namespaces"] == ("team-a", "team-b") and launch.run_kwargs["clusterwide"] is False
     assert launch.run_kwargs["liveness_endpoint"] is None
+    assert type(launch.run_kwargs["loop"]).__module__.startswith("uvloop")  # installed by the operator extra
     assert launch.metrics_port == 9090
     assert launch.config.trainer_image == "registry.example.com/kubetrain/trainer:1"
     assert launch.config.progress_interval == 30

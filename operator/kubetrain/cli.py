@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,8 +198,23 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
     if metrics_port:
         start_http_server(metrics_port)
     # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.
-    kopf.run(standalone=True, clusterwide=all_namespaces, namespaces=namespaces,
-             liveness_endpoint=liveness or None, memo=kopf.Memo(config=config))
+    with _event_loop() as loop:
+        kopf.run(loop=loop, standalone=True, clusterwide=all_namespaces, namespaces=namespaces,
+                 liveness_endpoint=liveness or None, memo=kopf.Memo(config=config))
+
+
+@contextlib.contextmanager
+def _event_loop() -> Iterator[asyncio.AbstractEventLoop | None]:
+    """uvloop's event loop where it is installed (the operator extra installs it on Linux), else None: kopf then
+    runs asyncio's own. In a burst of 50 jobs uvloop cost the operator about 10 % less CPU, and with 1,000 jobs
+    created it peaked lower (57 against 59-60 MiB); its import costs 1.7 MiB (docs/benchmarks.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        yield None
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        yield runner.get_loop()
 
 
 @main.command("watch")
