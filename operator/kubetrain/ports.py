@@ -1,11 +1,11 @@
 """Free TCP ports on 127.0.0.1: the one helper the CLI, the lab, the tests and the benchmarks share.
 
-A port is chosen at random below the kernel's ephemeral range, where the kernel never hands out a port on its
-own, and probed by binding it. A port the kernel picks (bind to port 0) comes from that ephemeral range: until
-the caller binds it, the kernel may give it to any process's outgoing connection or port-0 listener. A
-trainer's metrics ports are bound seconds after they are chosen, once torch has loaded, while torchrun and
-gloo open port-0 sockets of their own: one such port was taken in a CI run. Another explicit binder can still
-take a port in between; the probe only shows that it was free.
+A port is chosen at random between 20000 and 29999, below the kernel's ephemeral range, where the kernel never
+hands out a port on its own, and probed by binding it. A port the kernel picks (bind to port 0) comes from that
+ephemeral range: until the caller binds it, the kernel may give it to any process's outgoing connection or
+port-0 listener. A trainer's metrics ports are bound seconds after they are chosen, once torch has loaded, while
+torchrun and gloo open port-0 sockets of their own: one such port was taken in a CI run. Another explicit binder
+can still take a port in between; the probe only shows that it was free.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default range is 32768-60999
 # Not below: kubelet (10248-10259), etcd (2379-2380) and other well-known services live there.
 _LOWEST = 20000
+_HIGHEST = 29999  # 30000-32767 is Kubernetes' NodePort range, which a node's kube-proxy may hold
 
 
 def free_port() -> int:
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 def free_port_range(count: int, tries: int = 200) -> int:
     """The first of ``count`` consecutive free ports (ranks serve metrics on base + local rank)."""
-    highest_base = _ephemeral_low() - count
+    highest_base = min(_ephemeral_low() - 1, _HIGHEST) - count + 1
     for _ in range(tries):
         base = random.randint(_LOWEST, highest_base) if highest_base >= _LOWEST else _kernel_pick()
         if _all_bindable(range(base, base + count)):
