@@ -13,10 +13,10 @@ line (``gloo {...}``), which :func:`measure` reads: ``trainer.ddp_efficiency_2pr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -26,12 +26,10 @@ SIZES = (("floats", "a few floats (loss, stop)", 3), ("grads", "0.56 MB (the syn
 WARMUP, TIMED = 20, 200
 
 
-def measure(timeout_s: float = 120) -> dict[str, float]:
-    """Milliseconds per all-reduce by size key (floats, grads, big), 2 processes under torchrun, 1 thread each."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PET_", "TORCHELASTIC_"))}
+def measure(env: Mapping[str, str], timeout_s: float = 120) -> dict[str, float]:
+    """Milliseconds per all-reduce by size key (floats, grads, big), 2 processes under torchrun in ``env``."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           __file__], env=env | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=timeout_s, check=True)
+                           __file__], env=dict(env), capture_output=True, text=True, timeout=timeout_s, check=True)
     line = next(line for line in done.stdout.splitlines() if line.startswith("gloo "))
     return {key: float(value) for key, value in json.loads(line[len("gloo "):]).items()}
 

@@ -208,17 +208,17 @@ class Side:
         lab.delete_pods(namespace, selector)
         lab.wait_no_pods(namespace, selector)
 
-    def rss(self) -> int:
+    def process(self) -> Any:
         import psutil
 
-        rss: int = psutil.Process(self.pid()).memory_info().rss
-        return rss
+        return psutil.Process(self.pid())
+
+    def rss(self) -> int:
+        return int(self.process().memory_info().rss)
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the operator process has used so far."""
-        import psutil
-
-        times = psutil.Process(self.pid()).cpu_times()
+        times = self.process().cpu_times()
         return float(times.user + times.system)
 
 

@@ -27,7 +27,7 @@ from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
 from kubetrain.ports import free_port
 
-__all__ = ["BENCHMARKS", "Launched", "TrainerRun", "launch", "run_trainer", "throughput"]
+__all__ = ["BENCHMARKS", "Launched", "TrainerRun", "launch", "run_trainer", "throughput", "torchrun_env"]
 
 # Per process. At 64 a step here is about 8 ms, much of it per-step Python and dispatch overhead; at 256 it is
 # about 16 ms of mostly matmuls, nearer to what a real job's step is made of.
@@ -94,6 +94,16 @@ def _scraper(port: int) -> Iterator[list[int]]:
         thread.join(timeout=5)
 
 
+def torchrun_env() -> dict[str, str]:
+    """This process's environment for a torchrun of the bench's own: no rank or rendezvous variables of an
+    outer torchrun, no kubetrain settings, and one thread per process (what torchrun sets for several processes;
+    set for one too, for a fair base)."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("PET_", "KUBETRAIN_", "TORCHELASTIC_"))
+           and key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}}
+    return env | {"OMP_NUM_THREADS": "1"}
+
+
 class Launched:
     """A trainer run in progress (see :func:`launch`); :meth:`finish` waits for it and parses its log."""
 
@@ -110,15 +120,11 @@ class Launched:
             "checkpoint": {"everySteps": checkpoint_every, "keep": 2},
         }
         port = free_port() if metrics else 0
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PET_", "KUBETRAIN_", "TORCHELASTIC_"))
-               and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}}
-        env |= {
+        env = torchrun_env() | {
             "KUBETRAIN_CONFIG": json.dumps(config),
             "KUBETRAIN_CHECKPOINT_DIR": str(directory / "checkpoints"),
             "KUBETRAIN_METRICS_PORT": str(port),
             "KUBETRAIN_TERMINATION_LOG": str(directory / "termination"),
-            "OMP_NUM_THREADS": "1",  # what torchrun sets for several processes; set for one too, for a fair base
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             "PYTHONUNBUFFERED": "1",
         }
@@ -237,7 +243,7 @@ def _gloo_floor(step_s: float) -> str:
     from bench import gloo_latency
 
     try:
-        costs = gloo_latency.measure()
+        costs = gloo_latency.measure(torchrun_env())
     except (subprocess.SubprocessError, StopIteration, ValueError) as error:
         return f"; gloo's latency not measured ({type(error).__name__})"
     per_step = (costs["grads"] + costs["floats"]) / 1e3
