@@ -20,7 +20,7 @@ import kopf
 import pytest
 from kopf._core.engines import posting
 
-from kubetrain import handlers, metrics
+from kubetrain import handlers, metrics, spec
 from kubetrain.kube import ApiError, Kube
 from kubetrain.status import Scrape, pod_state
 from tests.invalid_specs import base_job
@@ -103,8 +103,11 @@ def gone(cluster: FakeCluster) -> Callable[[], None]:
 
 
 @pytest.fixture
-def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
-    """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards."""
+def run(caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
+    """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards. Every status
+    change is written at once (unless a test sets STATUS_COALESCE again)."""
+    monkeypatch.setattr(handlers, "STATUS_COALESCE", 0.0)
     kube = Kube(lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"), connections=2)  # never connects
     caplog.set_level(logging.DEBUG)
 
@@ -186,6 +189,25 @@ class TestDeletedWhileReconciling:
         assert cluster.job["status"]["conditions"][-1]["reason"] == "ApiUnavailable"
 
 
+def test_a_namespace_being_deleted_is_left_alone_after_it_refuses_a_pod(run: Any,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    cluster = FakeCluster(job_body())
+
+    def terminating() -> None:
+        raise ApiError(403, "Forbidden", json.dumps({"message": "being terminated", "details": {
+            "causes": [{"reason": "NamespaceTerminating"}]}}))
+    cluster.faults["create_namespaced_pod"] = terminating
+    before = errors_counted()
+    state = run(cluster)
+    assert warnings(caplog) == [] and errors_counted() == before and KEY not in state.due
+    calls = len(cluster.calls)
+    run(cluster, state)  # its next pod event
+    assert cluster.calls[calls:] == []
+    state.terminating[NAMESPACE] -= handlers.TERMINATING_HOLD  # long ago: a namespace of that name may be new
+    run(cluster, state)
+    assert "get_namespaced_custom_object" in cluster.calls[calls:]
+
+
 class TestScrape:
     def test_rank_0_that_cannot_be_read_is_progress_unknown(self, run: Any,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,13 +280,126 @@ def test_pods_the_api_refused_are_not_waited_for(run: Any) -> None:
 def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
     cluster = FakeCluster(job_body())
     state = run(cluster)
-    reads = cluster.calls.count("get_namespaced_custom_object")
+    passes = state.reconciles
+    cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}  # a change the first pass writes
+    state.pods = {KEY: [pod_state(p) for p in cluster.pods]}
 
     async def burst() -> None:  # a gang's pod events, all while the first reconcile waits on the API
         logger = logging.getLogger("kubetrain.test")
         await asyncio.gather(*(handlers._reconcile_measured(state, KEY, "pod", logger) for _ in range(20)))
     asyncio.run(burst())
-    assert cluster.calls.count("get_namespaced_custom_object") - reads == 2, "one pass, then one more"
+    assert state.reconciles - passes == 2, "one pass, then one more"
+
+
+def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "STATUS_COALESCE", 60.0)
+
+    async def not_yet(*_: Any, **__: Any) -> Scrape:
+        return Scrape(error="connection refused")
+    monkeypatch.setattr(handlers, "fetch_progress", not_yet)
+    cluster = FakeCluster(job_body())
+    state = run(cluster)  # creates the pods, writes Pending
+    for p in cluster.pods:
+        p["status"] = {"phase": "Pending"}
+        p["spec"]["nodeName"] = "node-1"
+    state = run(cluster, state)  # scheduled: Starting, a new phase
+    writes = cluster.calls.count("patch_namespaced_custom_object_status")
+    cluster.pods[0]["status"] = pod(0)["status"]
+    state = run(cluster, state)  # one more pod running: waits
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
+    assert state.due[KEY] <= state.written_at[KEY] + 60, "and is looked at again by then"
+    cluster.pods[1]["status"] = pod(1)["status"]
+    run(cluster, state)  # all running: Running, written at once
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes + 1
+    assert cluster.job is not None and cluster.job["status"]["phase"] == "Running"
+
+
+def job_event(state: handlers.OperatorState, body: Json) -> None:
+    """The watch shows the job changed (not by the operator): job_changed, as kopf calls it."""
+    async def changed() -> None:
+        await handlers.job_changed(event={"type": "MODIFIED", "object": body}, namespace=NAMESPACE, name="valid",
+                                   memo={"state": state}, logger=logging.getLogger("kubetrain.test"),
+                                   pods_by_job=state.pods)
+        if state.scheduler is not None:
+            state.scheduler.cancel()
+    asyncio.run(changed())
+
+
+class TestActiveJobsAreReadFromMemory:
+    """A job with pods is reconciled at each of their events: from the body it last saw, parsed once."""
+
+    def test_reconciles_of_a_job_with_pods_neither_read_nor_parse_it_again(
+            self, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        parsed: list[str] = []
+        monkeypatch.setattr(handlers, "parse", lambda body, **kw: parsed.append("x") or spec.parse(body, **kw))
+        cluster = FakeCluster(job_body())
+        state = run(cluster)
+        cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}
+        state = run(cluster, state)
+        state = run(cluster, state)
+        assert cluster.calls.count("get_namespaced_custom_object") == 1
+        assert cluster.calls.count("patch_namespaced_custom_object_status") >= 2, "its own writes are what it read"
+        assert len(parsed) == 1
+        assert cluster.job is not None and state.bodies[KEY] == cluster.job
+
+    def test_a_conflict_reads_it_again(self, run: Any) -> None:
+        cluster = FakeCluster(job_body())
+        state = run(cluster)
+
+        def conflict() -> None:
+            raise ApiError(409, "Conflict", "")
+        cluster.faults["patch_namespaced_custom_object_status"] = conflict
+        cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}  # a change to write
+        state = run(cluster, state)
+        assert KEY not in state.bodies and KEY not in state.jobs
+        del cluster.faults["patch_namespaced_custom_object_status"]
+        run(cluster, state)
+        assert cluster.calls.count("get_namespaced_custom_object") == 2
+
+    def test_a_changed_spec_or_label_is_parsed_again(self, run: Any) -> None:
+        cluster = FakeCluster(job_body())
+        state = run(cluster)
+        assert cluster.job is not None
+        relabelled = copy.deepcopy(cluster.job)
+        relabelled["metadata"] |= {"labels": {"team": "vision"}, "resourceVersion": "100"}  # no new generation
+        job_event(state, relabelled)
+        assert state.jobs[KEY].labels == {"team": "vision"}
+        resized = copy.deepcopy(relabelled)
+        resized["metadata"] |= {"generation": 2, "resourceVersion": "101"}
+        resized["spec"]["nodes"] = 3
+        job_event(state, resized)
+        assert state.jobs[KEY].spec.nodes == 3
+        assert cluster.calls.count("get_namespaced_custom_object") == 1
+
+    def test_a_job_without_pods_is_not_kept(self, run: Any) -> None:
+        body = job_body()
+        body["spec"]["runPolicy"] = {"suspend": True}
+        cluster = FakeCluster(body)
+        state = run(cluster)
+        assert cluster.pods == []
+        assert KEY not in state.bodies and KEY not in state.jobs
+
+
+class _Discovery:
+    def __init__(self, serves: bool | Exception) -> None:
+        self.serves = serves
+
+    async def serves_jobs(self) -> bool:
+        if isinstance(self.serves, Exception):
+            raise self.serves
+        return self.serves
+
+
+@pytest.mark.parametrize(("fixed", "serves", "needed"), [
+    (True, True, False),  # all or named namespaces, the CRD installed: no watch of CRDs and namespaces
+    (True, False, True),  # the CRD comes later: kopf's watch of CRDs starts serving it then
+    (True, ApiError(503, "Service Unavailable", ""), True),  # cannot tell: the watch stays
+    (False, True, True),  # --namespace 'team-*': kopf watches namespaces to find them
+])
+def test_kopf_watches_crds_and_namespaces_only_when_it_needs_to(fixed: bool, serves: bool | Exception,
+                                                                needed: bool) -> None:
+    config = handlers.OperatorConfig(fixed_namespaces=fixed)
+    assert asyncio.run(handlers.scanning_needed(config, _Discovery(serves))) is needed  # type: ignore[arg-type]
 
 
 def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(

@@ -92,7 +92,7 @@ def test_get_job_reads_the_custom_object_and_none_when_missing() -> None:
 def test_status_is_merge_patched_against_the_read_version() -> None:
     answer = {"metadata": {"resourceVersion": "6"}}
     result, server = against([(200, answer)], lambda k: k.patch_job_status("ns", "j", {"phase": "Running"}, "5"))
-    assert result == "6"
+    assert result == answer
     (seen,) = server.seen
     assert (seen.method, seen.path, seen.content_type) == ("PATCH", f"{JOBS}/j/status", "application/merge-patch+json")
     assert seen.body == {"metadata": {"resourceVersion": "5"}, "status": {"phase": "Running"}}
@@ -125,6 +125,32 @@ def test_a_refused_create_names_the_object_with_the_servers_message() -> None:
     assert server.seen[0].path == "/api/v1/namespaces/ns/services"
     failure = api_failure(result)
     assert (failure.status, failure.message, failure.creating) == (422, "spec.ports: Required value", "service s")
+
+
+def test_whether_trainingjobs_are_served_comes_from_api_discovery() -> None:
+    group = {"kind": "APIResourceList", "groupVersion": "kubetrain.io/v1alpha1", "resources": [
+        {"name": "trainingjobs", "kind": "TrainingJob"}, {"name": "trainingjobs/status", "kind": "TrainingJob"}]}
+    result, server = against([(200, group)], lambda k: k.serves_jobs())
+    assert result is True and server.seen[0].path == "/apis/kubetrain.io/v1alpha1"
+    result, _ = against([(404, status_body(404, "the server could not find the requested resource"))],
+                        lambda k: k.serves_jobs())
+    assert result is False
+    result, _ = against([(200, group | {"resources": []})], lambda k: k.serves_jobs())
+    assert result is False
+
+
+def test_a_create_in_a_namespace_being_deleted_is_the_job_gone_and_other_refusals_are_not() -> None:
+    """The API server's answer as the lab's gives it (NamespaceLifecycle admission)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    terminating = status_body(403, 'pods "p" is forbidden: unable to create new content in namespace ns because '
+                                   "it is being terminated") | {
+        "reason": "Forbidden", "details": {"name": "p", "kind": "pods", "causes": [
+            {"reason": "NamespaceTerminating", "message": "namespace ns is being terminated",
+             "field": "metadata.namespace"}]}}
+    result, _ = against([(403, terminating)], lambda k: k.create("ns", pod))
+    assert isinstance(result, JobGoneError) and "namespace ns is being deleted" in str(result)
+    result, _ = against([(403, status_body(403, "exceeded quota: pods"))], lambda k: k.create("ns", pod))
+    assert isinstance(result, CreateError)
 
 
 def test_deletes_ignore_what_is_gone_and_force_skips_the_grace_period() -> None:

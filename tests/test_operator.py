@@ -10,12 +10,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.lab.fixtures import delete_namespace
 from tests.lab.images import exec_only_image
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
@@ -227,6 +230,35 @@ def test_job_managed_by_another_controller_is_left_alone(jobs: Jobs) -> None:
     assert hello["metadata"]["name"] == "control"
     jobs.wait_phase("control", "Succeeded")
     assert jobs.status("foreign") == {} and jobs.pods("foreign") == []
+
+
+def reconcile_errors(operator: OperatorProcess) -> float:
+    return sum(float(line.split()[-1]) for line in operator.metrics().splitlines()
+               if line.startswith("kubetrain_reconcile_errors_total{"))
+
+
+def test_a_job_whose_namespace_is_being_deleted_is_let_go(lab: Lab, operator: OperatorProcess) -> None:
+    """Deleting a namespace removes the pods before the job: the API server refuses new pods there, so the
+    operator lets the job go (no failed reconcile, no error in its status, no retries) instead of fighting."""
+    namespace = f"test-doomed-{uuid.uuid4().hex[:5]}"  # the test operator watches test-*
+    lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    lab.wait_service_account(namespace)
+    held = f"/api/v1/namespaces/{namespace}/configmaps"  # keeps the namespace terminating while we look
+    lab.api.post(held, {"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "held", "finalizers": ["test.kubetrain.io/hold"]}})
+    doomed = Jobs(lab, namespace)
+    try:
+        doomed.create("doomed", spec(SECOND_ATTEMPT_SUCCEEDS, nodes=2))
+        doomed.wait_phase("doomed", "Running")
+        errors = reconcile_errors(operator)
+        delete_namespace(lab, namespace)  # the namespace, then its pods at once (as the bench does)
+        doomed.wait("doomed", lambda s: s.get("phase") != "Running", "noticed its pods are gone")
+        time.sleep(2)  # retries (with backoff from 1 s) would have come by now
+        assert reconcile_errors(operator) == errors
+        messages = [c.get("message", "") for c in doomed.status("doomed").get("conditions", [])]
+        assert not [m for m in messages if "terminated" in m or "forbidden" in m.lower()], messages
+    finally:
+        lab.api.merge_patch(f"{held}/held", {"metadata": {"finalizers": None}})
 
 
 def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(

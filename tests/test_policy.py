@@ -13,6 +13,7 @@ from kubetrain.policy import (
     Decision,
     classify,
     failed_reconcile,
+    may_wait,
     must_persist_before_acting,
     reconcile,
     recovered,
@@ -685,6 +686,30 @@ def test_a_new_attempt_starts_with_progress_not_known_yet() -> None:
     later = reconcile(job(), restarted | {"phase": "Running", "runningTime": "2026-11-01T10:10:00Z"},
                       states(pod(0, attempt=1), pod(1, attempt=1)), NOW, Scrape(error="connection refused"))
     assert later.events == ()
+
+
+class TestWhichStatusChangesMayWait:
+    """Pods starting one by one change only counts and messages: those writes fold into the next one."""
+
+    def test_a_pod_more_running_may_wait(self) -> None:
+        before = reconcile(job(), {}, [], NOW).status
+        starting = reconcile(job(), before, states(pod(0, "Pending"), pod(1, "Pending")), NOW).status
+        one_up = reconcile(job(), starting, states(pod(0), pod(1, "Pending")), NOW).status
+        assert one_up["message"] != starting["message"]
+        assert may_wait(starting, one_up)
+
+    def test_a_new_phase_a_flipped_condition_a_count_or_an_end_is_written_at_once(self) -> None:
+        starting = reconcile(job(), reconcile(job(), {}, [], NOW).status,
+                             states(pod(0, "Pending"), pod(1, "Pending")), NOW).status
+        all_up = reconcile(job(), starting, states(pod(0), pod(1)), NOW).status
+        assert all_up["phase"] != starting["phase"] and not may_wait(starting, all_up)
+        assert not may_wait({}, starting), "the first status"
+        flipped = [c | {"status": "True"} if c["type"] == "Running" else c for c in starting["conditions"]]
+        assert not may_wait(starting, starting | {"conditions": flipped, "message": "x"})
+        assert not may_wait(starting, starting | {"restarts": 1})
+        assert not may_wait(starting, starting | {"failures": [{"reason": "OOMKilled"}]})
+        done = all_up | {"phase": "Succeeded"}
+        assert not may_wait(done, done | {"message": "x"})
 
 
 class TestWhatIsWrittenBeforeActing:

@@ -25,6 +25,7 @@ EXIT_INVALID = 2
 LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
 # kopf's log formats (kopf.LogFormat), by their lower-case names.
 LOG_FORMATS = ("plain", "full", "json")
+NAMESPACE_PATTERN = "*?!,"  # kopf's namespace globs: a --namespace with one of these is a pattern
 
 
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
@@ -161,7 +162,8 @@ def run_command(file: Path, workdir: Path) -> None:
 
 
 @main.command("operator")
-@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch this namespace (repeatable).")
+@click.option("--namespace", "-n", "namespaces", multiple=True,
+              help="Watch this namespace (repeatable); a glob such as 'team-*' or '!kube-*' watches those that match.")
 @click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace (cluster-wide RBAC).")
 @click.option("--metrics-port", default=8080, show_default=True, help="Port of the operator's /metrics (0: off).")
 @click.option("--liveness", default="http://0.0.0.0:8081/healthz", show_default=True,
@@ -192,7 +194,9 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
     from kubetrain import handlers
 
     config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image,
-                                     pod_group_scheduler=pod_group_scheduler)
+                                     pod_group_scheduler=pod_group_scheduler,
+                                     fixed_namespaces=all_namespaces or not any(set(ns) & set(NAMESPACE_PATTERN)
+                                                                                for ns in namespaces))
     kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",
                    log_format=kopf.LogFormat[log_format.upper()])
     if metrics_port:

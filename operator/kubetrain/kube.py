@@ -28,6 +28,7 @@ __all__ = [
     "CreateError",
     "JobGoneError",
     "Kube",
+    "NamespaceTerminatingError",
     "api_failure",
     "login",
 ]
@@ -36,9 +37,11 @@ Json = Any
 Login = Callable[[], kopf.ConnectionInfo]
 
 HTTP_UNAUTHORIZED = 401
+HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_ERRORS = 400
+NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects in a namespace being deleted
 # Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
 CONNECT_TIMEOUT = 10
 REQUEST_TIMEOUT = 60
@@ -64,6 +67,14 @@ class ApiError(Exception):
         except (TypeError, ValueError, KeyError):
             return f"{self.status} {self.reason}"
 
+    @property
+    def causes(self) -> set[str]:
+        """The reasons in the Status object's details.causes (e.g. NamespaceTerminating)."""
+        try:
+            return {str(cause.get("reason")) for cause in json.loads(self.body)["details"]["causes"]}
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return set()
+
 
 class ConflictError(Exception):
     """The object changed since it was read (resourceVersion mismatch): reconcile again."""
@@ -71,6 +82,10 @@ class ConflictError(Exception):
 
 class JobGoneError(Exception):
     """The TrainingJob was deleted while it was being reconciled: nothing is wrong, and nothing is left to do."""
+
+
+class NamespaceTerminatingError(JobGoneError):
+    """The job's namespace is being deleted: the API server takes no new objects there, and deletes the job."""
 
 
 class CreateError(Exception):
@@ -251,6 +266,17 @@ class Kube:
     async def close(self) -> None:
         await self._rest.close()
 
+    async def serves_jobs(self) -> bool:
+        """Whether the API server serves TrainingJobs (their CRD is installed), from API discovery, which every
+        authenticated client may read."""
+        try:
+            found = await self._rest.request("GET", f"/apis/{api.GROUP}/{api.VERSION}")
+        except ApiError as error:
+            if error.status == HTTP_NOT_FOUND:
+                return False
+            raise
+        return any(resource.get("name") == api.PLURAL for resource in found.get("resources") or [])
+
     async def get_job(self, namespace: str, name: str) -> Json | None:
         try:
             return await self._custom.get_namespaced_custom_object(namespace, name)
@@ -260,13 +286,12 @@ class Kube:
             raise
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
-                               resource_version: str) -> str:
-        """Merge-patch the status; the job's new resourceVersion. ConflictError when it changed since read,
+                               resource_version: str) -> Json:
+        """Merge-patch the status; the job as written. ConflictError when it changed since read,
         JobGoneError when it was deleted."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         try:
-            updated = await self._custom.patch_namespaced_custom_object_status(namespace, name, body)
-            return str(updated["metadata"]["resourceVersion"])
+            return await self._custom.patch_namespaced_custom_object_status(namespace, name, body)
         except ApiError as error:
             if error.status == HTTP_CONFLICT:
                 raise ConflictError(f"{namespace}/{name} changed while reconciling") from error
@@ -295,6 +320,9 @@ class Kube:
         try:
             await create(namespace, body)
         except ApiError as error:
+            if error.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in error.causes:
+                # the namespace controller deletes the job next: nothing is wrong, and nothing to retry
+                raise NamespaceTerminatingError(f"namespace {namespace} is being deleted") from error
             if error.status != HTTP_CONFLICT:
                 raise CreateError(f"{body['kind'].lower()} {name}", error.status, error.message) from error
             try:

@@ -57,6 +57,7 @@ __all__ = [
     "Event",
     "classify",
     "failed_reconcile",
+    "may_wait",
     "must_persist_before_acting",
     "reconcile",
     "recovered",
@@ -724,6 +725,23 @@ def must_persist_before_acting(before: Mapping[str, Json], decision: Decision) -
     after = decision.status
     return (any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS)
             or (before.get("failures") or []) != (after.get("failures") or []))
+
+
+def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
+    """Whether a status change may be written a moment later, folded into the next one: only pod counts,
+    messages or progress moved. A new phase, a flipped condition, a count or a failure is written at once."""
+    phase = after.get("phase")
+    if not phase or phase != before.get("phase") or phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return False
+    if any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS):
+        return False
+    if (before.get("failures") or []) != (after.get("failures") or []):
+        return False
+    return _condition_states(before) == _condition_states(after)
+
+
+def _condition_states(status: Mapping[str, Json]) -> dict[str, str]:
+    return {c.get("type", ""): c.get("status", "") for c in status.get("conditions") or []}
 
 
 def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:
