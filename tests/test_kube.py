@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -240,7 +241,7 @@ def test_service_account_login_uses_the_services_address_like_the_official_clien
 # The operator's start-up as `kubetrain operator` runs it, stopped where it would serve metrics (after kopf,
 # the handlers and kopf's configuration are loaded): what is loaded, which login kopf would use, the RSS.
 OPERATOR_START = """
-import json, sys
+import json, os, sys
 import prometheus_client
 
 def report(*_, **__):
@@ -253,7 +254,11 @@ def report(*_, **__):
     print(json.dumps({"kubernetes": sys.modules.get("kubernetes") is not None,
                       "validators": sorted(m for m in ("jsonschema", "celpy") if m in sys.modules),
                       "loaded": sorted(m for m in ("kopf", "kubetrain.handlers", "kubetrain.kube") if m in sys.modules),
-                      "logins": logins, "rss_mib": int(status["VmRSS"].split()[0]) / 1024}))
+                      "logins": logins, "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+                      "frozenlist_extension": "frozenlist._frozenlist" in sys.modules,
+                      "aiohttp_default_cas": sys.modules["aiohttp.connector"]._SSL_CONTEXT_VERIFIED.cert_store_stats(),
+                      "mime_types": len(sys.modules["mimetypes"].types_map),
+                      "ca_environment": [os.environ.get(n) for n in ("SSL_CERT_FILE", "SSL_CERT_DIR")]}))
     sys.exit(0)
 
 prometheus_client.start_http_server = report
@@ -272,3 +277,7 @@ def test_the_operator_process_never_loads_the_official_client() -> None:
     assert facts["validators"] == [], "the API server validates jobs; the operator need not hold a validator"
     assert facts["loaded"] == ["kopf", "kubetrain.handlers", "kubetrain.kube"]
     assert [login.split(".")[-1] for login in facts["logins"]] == ["login_handler"]  # not kopf's client login
+    assert facts["frozenlist_extension"] is False, "it maps libstdc++ (1.1 MB)"
+    assert facts["aiohttp_default_cas"]["x509_ca"] == 0, "the system's CAs in a context nothing uses (1.6 MB)"
+    assert facts["mime_types"] < 200, "the system's table (about 1,500 types on Debian), for serving files"
+    assert facts["ca_environment"] == [os.environ.get(n) for n in ("SSL_CERT_FILE", "SSL_CERT_DIR")]

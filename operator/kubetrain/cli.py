@@ -14,6 +14,7 @@ import yaml
 
 from kubetrain import api
 from kubetrain.manifests import build_pod_group, build_pods, build_service
+from kubetrain.memory import leave_out_what_the_operator_does_not_use
 from kubetrain.schema import Problem, field_problems
 from kubetrain.spec import SpecError, TrainingJob, parse, validate
 
@@ -185,9 +186,7 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
     """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
     if not namespaces and not all_namespaces:
         raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
-    # The official client is the CLI's (logs, watch), not the operator's: kopf would import it, when installed,
-    # only for optional type support and a login that handlers.py replaces; blocked, it costs no memory.
-    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+    leave_out_what_the_operator_does_not_use()
     import kopf
     from prometheus_client import start_http_server
 

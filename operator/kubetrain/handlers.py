@@ -73,6 +73,7 @@ TERMINATING_HOLD = 30.0
 # starting one by one make one write, not one each); see policy.may_wait.
 STATUS_COALESCE = 1.0
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
+STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.scanning.disabled = not await scanning_needed(config, kube)
     state = OperatorState(config=config, kube=kube, http=aiohttp.ClientSession())
     memo["state"] = state
+    # What start-up freed (the initial listings among it) goes back, also when no job ever comes.
+    asyncio.get_running_loop().call_later(STARTUP_TRIM_DELAY, return_freed_memory)
 
 
 async def scanning_needed(config: OperatorConfig, kube: Kube) -> bool:
