@@ -23,8 +23,8 @@ class FigureSpec:
     unit: str
     goal: Goal
 
-    def measured(self, value: float, detail: str = "", **extra: float) -> Figure:
-        return Figure(self.name, value, self.unit, self.goal, detail, extra=dict(extra))
+    def measured(self, value: float, detail: str = "", disturbed: str = "", **extra: float) -> Figure:
+        return Figure(self.name, value, self.unit, self.goal, detail, extra=dict(extra), disturbed=disturbed)
 
     def failed(self, error: str) -> Figure:
         return Figure(self.name, None, self.unit, self.goal, error=error)

@@ -13,7 +13,7 @@ import pytest
 from bench.__main__ import all_benchmarks, main, select
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, format_figure, format_value, median, percentile, to_json
-from bench.trainer import TrainerRun, throughput
+from bench.trainer import TrainerRun, capacity_short, one_process_disturbed, throughput
 
 REPO = Path(__file__).resolve().parent.parent
 AT_MOST = Goal("<=", 1.5, "why")
@@ -26,6 +26,22 @@ def test_verdict_follows_the_goal_direction() -> None:
     assert Figure("a", 1.51, "x", AT_MOST).verdict == "missed"
     assert Figure("a", 0.99, "x", AT_LEAST).verdict == "met"
     assert Figure("a", 0.9, "x", AT_LEAST).verdict == "missed"
+
+
+def test_a_miss_the_machine_caused_is_disturbed_and_says_why() -> None:
+    figure = Figure("a", 0.65, "", Goal(">=", 0.70), "2 processes", disturbed="capacity 1.80x")
+    assert figure.verdict == "DISTURBED" and not figure.met
+    assert format_figure(figure).endswith("0.650 (2 processes; DISTURBED: capacity 1.80x)  goal >= 0.700  DISTURBED")
+    assert Figure("a", 0.75, "", Goal(">=", 0.70), disturbed="x").verdict == "met"  # a met goal stays met
+    assert Figure("a", None, "", Goal(">=", 0.70), error="boom", disturbed="x").verdict == "missed"
+
+
+def test_scaling_misses_are_the_machines_only_when_its_capacity_explains_them() -> None:
+    goal = Goal(">=", 0.70)
+    assert "0.722" in capacity_short(0.65, 1.80, goal)  # 0.65 x 2 / 1.8: the code's own cost meets the goal
+    assert capacity_short(0.55, 1.80, goal) == ""  # 0.611 against the capacity: the code's own miss
+    assert capacity_short(0.65, 2.0, goal) == ""  # the machine gave two full cores: nothing to excuse
+    assert one_process_disturbed(2.2, 2) != "" and one_process_disturbed(1.9, 2) == ""
 
 
 def test_unmeasured_or_non_finite_figures_miss() -> None:
