@@ -9,6 +9,7 @@ errors too (:meth:`bench.registry.Context.close`).
 
 from __future__ import annotations
 
+import compileall
 import concurrent.futures
 import os
 import shutil
@@ -59,6 +60,7 @@ class Cluster:
         self.lab.kubectl("apply", "--server-side", "-f", str(CRD))
         wait_crd_established(self.lab)
         _, kubeconfig = install_identity(self.lab)
+        compile_operator()
         self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",))
         self.operator.start()
         self.ctx.log(f"lab and operator up in {time.monotonic() - started:.0f} s")
@@ -151,6 +153,13 @@ def cluster(ctx: Context) -> Cluster:
         found.start()
     assert isinstance(found, Cluster)
     return found
+
+
+def compile_operator() -> None:
+    """Byte-compile the operator's modules, as pip does at install (and the image has them). With
+    PYTHONDONTWRITEBYTECODE set (as on this machine) a changed module would otherwise be compiled at every start
+    of the operator, and the compiler's garbage would count in its memory (0.8 MB at import)."""
+    compileall.compile_dir(REPO / "operator" / "kubetrain", quiet=2)
 
 
 def _prune_old_run_dirs(home: Path, keep: int = 2) -> None:

@@ -91,6 +91,12 @@ time.sleep(600)
 """
 
 
+# Runs argv[1:] with Ctrl-C as a terminal gives it: tests started in the background of a non-interactive shell
+# (`bash .ci/run &`) inherit SIGINT ignored, and Python then never raises KeyboardInterrupt (as `nohup` wants).
+WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 @pytest.mark.slow
 def test_a_checkpoint_after_sigterm_gets_the_jobs_grace_period_not_torchruns_30_s(tmp_path: Path) -> None:
     """Ctrl-C of `kubetrain run` is a pod's SIGTERM: torchrun forwards it and waits the job's
@@ -99,7 +105,8 @@ def test_a_checkpoint_after_sigterm_gets_the_jobs_grace_period_not_torchruns_30_
     spec["spec"]["runPolicy"] = {"terminationGracePeriodSeconds": 120}  # type: ignore[index]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     checkpoints = tmp_path / "work" / "mine" / "checkpoints"
-    run = subprocess.Popen([str(VENV_BIN / "kubetrain"), "run", "job.yaml", "--workdir", str(tmp_path / "work")],
+    run = subprocess.Popen([sys.executable, "-c", WITH_DEFAULT_SIGINT, str(VENV_BIN / "kubetrain"), "run", "job.yaml",
+                            "--workdir", str(tmp_path / "work")],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**os.environ, "COLUMNS": "200"})
     try:
