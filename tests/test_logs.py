@@ -5,9 +5,12 @@ The streaming itself runs against the real node's kubelet in tests/test_realnode
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from kubetrain import api
+import pytest
+
+from kubetrain import api, logs
 from kubetrain.logs import LogPod, _lines, failure_lines, keep_line, pods_of_attempt, prefixed
 
 
@@ -67,3 +70,32 @@ def test_a_failed_pods_log_tail_outlives_it_bounded() -> None:
     decision = reconcile(job(), running(), states(pod(0, "Failed", exit_code=137, message=log), pod(1)), NOW)
     (failure,) = decision.status["failures"]
     assert failure["logTail"] == log[-api.LOG_TAIL_CHARS:] and failure["logTail"].endswith("step 999\n")
+
+
+class _Streams:
+    """Stands for logs._Cluster: each log request answers the next of ``streams`` (whole log so far)."""
+
+    def __init__(self, streams: list[list[str]], ended_after: int) -> None:
+        self.streams = streams
+        self.opened = 0
+        self.ended_after = ended_after  # the container has ended once this many streams were opened
+
+    def log_chunks(self, pod: str, follow: bool) -> Iterator[bytes]:
+        lines = self.streams[self.opened]
+        self.opened += 1
+        yield "".join(f"{line}\n" for line in lines).encode()
+
+    def container_ended(self, pod: str) -> bool:
+        return self.opened >= self.ended_after
+
+
+def test_a_follow_that_ended_while_the_container_runs_goes_on_without_repeating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "POLL_SECONDS", 0)
+    pod = logs.LogPod(name="job-0", node_index=0, attempt=0)
+    # the kubelet ended the first follow at once (created, not yet running), the second after two lines
+    cluster = _Streams([[], ["a", "b"], ["a", "b", "c"]], ended_after=3)
+    assert list(logs._pod_lines(cluster, pod, follow=True)) == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert cluster.opened == 3
+    once = _Streams([["a"]], ended_after=0)
+    assert list(logs._pod_lines(once, pod, follow=False)) == ["a"]  # type: ignore[arg-type]

@@ -558,6 +558,17 @@ class TestRendezvousTimeout:
         message = condition(reconcile(job(), running(), pods, NOW), "Failed")["message"]
         assert "valid-1 never started in time" in message
 
+    def test_a_pod_placed_and_started_after_its_peer_gave_up_is_named_too(self) -> None:
+        gave_up = pod(0, "Failed", exit_code=1, message=self.TAIL, finished_at="2026-11-01T10:05:00Z")
+        late = pod(1)  # Running by the time the reconcile sees the failure: it started as its peer exited
+        late["status"]["startTime"] = "2026-11-01T10:05:00Z"
+        message = condition(reconcile(job(), running(), states(gave_up, late), NOW), "Failed")["message"]
+        assert "valid-1 never started in time" in message
+        early = pod(1)
+        early["status"]["startTime"] = "2026-11-01T10:00:00Z"  # up all along
+        message = condition(reconcile(job(), running(), states(gave_up, early), NOW), "Failed")["message"]
+        assert "every pod started, but not all of them joined" in message
+
     def test_peers_that_never_reached_an_unstarted_node_0_are_a_rendezvous_timeout(self) -> None:
         lost = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
         pods = states(pod(0, "Pending", scheduled=False), pod(1, "Failed", exit_code=1, message=lost))

@@ -113,6 +113,22 @@ class _Cluster:
         items: list[Json] = json.loads(listing.data)["items"]
         return items
 
+    def container_ended(self, pod: str) -> bool:
+        """Whether the pod's trainer container has finished, or the pod is gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = json.loads(self.core.read_namespaced_pod(pod, self.namespace, _preload_content=False).data)
+        except ApiException as error:
+            if _status_code(error) == 404:
+                return True
+            raise
+        status = found.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return True
+        return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or []
+                   if c.get("name") == api.CONTAINER_NAME)
+
     def log_chunks(self, pod: str, follow: bool) -> Iterator[bytes]:
         """The container's log; raises ApiException while it has not started (400) or is gone (404)."""
         response = self.core.read_namespaced_pod_log(pod, self.namespace, container=api.CONTAINER_NAME,
@@ -130,13 +146,20 @@ def _status_code(error: Exception) -> int | None:
 
 
 def _pod_lines(cluster: _Cluster, pod: LogPod, follow: bool) -> Iterator[str]:
-    """One pod's lines; when following, waits for its container to start. A pod that is gone ends it."""
+    """One pod's lines; when following, waits for its container to start, and goes on where a stream ended while
+    the container still runs (the kubelet ends a follow at once for a container created but not yet running).
+    A pod that is gone ends it."""
     from kubernetes.client.exceptions import ApiException
 
+    seen = 0
     while True:
         try:
-            yield from _lines(cluster.log_chunks(pod.name, follow))
-            return
+            for number, line in enumerate(_lines(cluster.log_chunks(pod.name, follow))):
+                if number >= seen:  # a stream opened again starts from the top: skip what was shown
+                    seen += 1
+                    yield line
+            if not follow or cluster.container_ended(pod.name):
+                return
         except ApiException as error:
             if _status_code(error) == 404:
                 return

@@ -478,12 +478,20 @@ def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
     return first.finish_time is not None and host.start_time >= first.finish_time - HOST_LATE_SLACK
 
 
+def _started_after_a_peer_gave_up(pod: PodState, first: PodState) -> bool:
+    """A pod placed on the machine a peer freed as it gave up, and started before this reconcile saw the peer
+    exit (a process starts in a fraction of a second): it never started in time either."""
+    return (pod.start_time is not None and first.finish_time is not None
+            and pod.start_time >= first.finish_time - HOST_LATE_SLACK)
+
+
 def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState], first: PodState) -> str:
     seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
     # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
     # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
     late = _host_never_came(first, current)
-    unstarted = [p.name for p in current if p.phase == "Pending" or (late and p.index == 0)]
+    unstarted = [p.name for p in current
+                 if p.phase == "Pending" or (late and p.index == 0) or _started_after_a_peer_gave_up(p, first)]
     if unstarted:
         where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
     else:
