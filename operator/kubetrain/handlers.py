@@ -383,13 +383,11 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
             raise  # retried with backoff by _reconcile_measured, as the status now says
         await _act(state, job, pods, decision, logger)  # failed for good: stop what runs of the gang
     status = recovered(job, decision.status, datetime.now(UTC))
-    written_at = state.written_at.get(key, -math.inf)
-    if may_wait(stored.status, status) and time.monotonic() - written_at < STATUS_COALESCE:
-        _schedule(state, key, decision)  # the next look (and write) in a moment at the latest
-        state.due[key] = min(state.due[key], written_at + STATUS_COALESCE)
-        return
-    await _write_status(state, job, stored, status)
-    _schedule(state, key, decision)
+    write_by = state.written_at.get(key, -math.inf) + STATUS_COALESCE
+    deferred = may_wait(stored.status, status) and time.monotonic() < write_by
+    if not deferred:
+        await _write_status(state, job, stored, status)
+    _schedule(state, key, decision, write_by=write_by if deferred else None)
 
 
 def _parsed(state: OperatorState, key: Key, body: Json) -> TrainingJob:
@@ -567,9 +565,12 @@ def _observe(state: OperatorState, key: Key, job: TrainingJob, before: Mapping[s
     metrics.set_job_phases(state.phases)
 
 
-def _schedule(state: OperatorState, key: Key, decision: Decision) -> None:
+def _schedule(state: OperatorState, key: Key, decision: Decision, write_by: float | None = None) -> None:
+    """The job's next look; ``write_by``: the monotonic time by which a deferred status write is due."""
     phase = decision.status.get("phase")
     delays = [state.config.resync_interval]
+    if write_by is not None:
+        delays.append(write_by - time.monotonic())
     if decision.requeue_after is not None:
         delays.append(decision.requeue_after)
     if phase in (api.Phase.RUNNING, api.Phase.STARTING):

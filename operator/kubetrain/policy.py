@@ -475,7 +475,7 @@ def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
     host = next((p for p in current if p.index == 0), None)
     if host is None or host.phase == "Pending" or host.start_time is None:
         return True
-    return first.finish_time is not None and host.start_time >= first.finish_time - HOST_LATE_SLACK
+    return _started_after_a_peer_gave_up(host, first)
 
 
 def _started_after_a_peer_gave_up(pod: PodState, first: PodState) -> bool:
