@@ -61,7 +61,9 @@ class Cluster:
         wait_crd_established(self.lab)
         _, kubeconfig = install_identity(self.lab)
         compile_operator()
-        self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",))
+        # The operator as a user runs it: its default progress interval, not the tests' 2 s.
+        self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",),
+                                        progress_interval=None)
         self.operator.start()
         self.ctx.log(f"lab and operator up in {time.monotonic() - started:.0f} s")
 

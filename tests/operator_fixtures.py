@@ -45,10 +45,14 @@ def render_chart(*args: str) -> list[Json]:
 class OperatorProcess:
     """`kubetrain operator` as a child process, restartable, with its log in a file."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, args: tuple[str, ...]) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, args: tuple[str, ...],
+                 progress_interval: float | None = 2) -> None:
+        """``progress_interval``: seconds between reads of a running job's progress (tests see it change soon);
+        None: the operator's default."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.args = args
+        self.progress_interval = progress_interval
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -56,7 +60,9 @@ class OperatorProcess:
     def start(self) -> None:
         argv = [sys.executable, "-m", "kubetrain.cli", "operator", *self.args,
                 f"--metrics-port={self.metrics_port}",
-                f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz", "--progress-interval=2"]
+                f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz"]
+        if self.progress_interval is not None:
+            argv.append(f"--progress-interval={self.progress_interval:g}")
         env = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -1,6 +1,7 @@
 """The API rights the operator uses, derived from its code (this module holds no tests; see test_rbac.py).
 
-- Its own calls: the handlers call methods of ``kube.Kube``; each of those names Kubernetes client methods
+- Its own calls: the handlers and the pod watch call methods of ``kube.Kube``; each of those names Kubernetes
+  client methods
   (``self._core.create_namespaced_pod``, ...). An AST scan follows them (through Kube's own helpers), so no
   code path is missed, and maps each client method to (apiGroup, resource, verb).
 - kopf's calls, as the operator configures it (``kopf.run(standalone=True, ...)`` in cli.py, the startup
@@ -24,9 +25,10 @@ OPERATOR = ROOT / "operator" / "kubetrain"
 
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
-# Client method verbs -> RBAC verbs (a watch is a list with watch=true; only kopf watches).
-VERBS = {"list": "list", "read": "get", "get": "get", "create": "create", "patch": "patch", "replace": "update",
-         "delete": "delete"}
+# Client method verbs -> RBAC verbs (a watch is a list with watch=true: the pod watch names it watch_...).
+VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create": "create", "patch": "patch",
+         "replace": "update", "delete": "delete"}
+KUBE_USERS = ("handlers.py", "podwatch.py")  # the modules that call Kube (as state.kube, kube or self._kube)
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, and its one custom resource.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
          "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL)}
@@ -69,12 +71,12 @@ def _kube_references() -> dict[str, tuple[set[str], set[str]]]:
 
 
 def handler_kube_calls() -> set[str]:
-    """The Kube methods handlers.py uses (``state.kube.X`` or ``kube.X``)."""
+    """The Kube methods the handlers and the pod watch use (``state.kube.X``, ``kube.X``, ``self._kube.X``)."""
     names: set[str] = set()
-    for node in ast.walk(_tree("handlers.py")):
+    for node in (node for module in KUBE_USERS for node in ast.walk(_tree(module))):
         if isinstance(node, ast.Attribute):
             target = node.value
-            if (isinstance(target, ast.Attribute) and target.attr == "kube") or (
+            if (isinstance(target, ast.Attribute) and target.attr in ("kube", "_kube")) or (
                 isinstance(target, ast.Name) and target.id == "kube"
             ):
                 names.add(node.attr)

@@ -74,6 +74,17 @@ class FakeCluster:
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
 
 
+class ShownPods(dict[tuple[str, str], list[Any]]):
+    """The pods the operator's watch has shown, by job, every namespace already listed (as PodWatch is then)."""
+
+    async def ready(self, namespace: str) -> None:
+        return None
+
+
+def shown(pods: list[Json]) -> ShownPods:
+    return ShownPods({KEY: [pod_state(p) for p in pods]})
+
+
 class _Client:
     """Stands for kube.py's _CoreV1 or _CustomObjects: every method is recorded and served by the FakeCluster."""
 
@@ -122,9 +133,9 @@ def run(caplog: pytest.LogCaptureFixture,
             posting.event_queue_loop_var.set(asyncio.get_running_loop())
             posting.event_queue_var.set(asyncio.Queue())
             posting.settings_var.set(kopf.OperatorSettings())
-            current = state or handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-            shown = cluster.pods if indexed is None else indexed
-            current.pods = {KEY: [pod_state(p) for p in shown]}  # as kopf's index holds them
+            current = state or handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube,
+                                                      http=None, pods=ShownPods())  # type: ignore[arg-type]
+            current.pods = shown(cluster.pods if indexed is None else indexed)
             await handlers._reconcile_measured(current, KEY, "job", logging.getLogger("kubetrain.test"))
             return current
 
@@ -259,7 +270,7 @@ def test_the_echo_of_its_own_status_write_is_not_reconciled(run: Any) -> None:
     async def echo() -> None:
         event: Json = {"type": "MODIFIED", "object": copy.deepcopy(cluster.job)}
         await handlers.job_changed(event=event, namespace=NAMESPACE, name="valid", memo={"state": state},
-                                   logger=logging.getLogger("kubetrain.test"), pods_by_job=state.pods)
+                                   logger=logging.getLogger("kubetrain.test"))
         if state.scheduler is not None:
             state.scheduler.cancel()
     asyncio.run(echo())
@@ -282,7 +293,7 @@ def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
     state = run(cluster)
     passes = state.reconciles
     cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}  # a change the first pass writes
-    state.pods = {KEY: [pod_state(p) for p in cluster.pods]}
+    state.pods = shown(cluster.pods)
 
     async def burst() -> None:  # a gang's pod events, all while the first reconcile waits on the API
         logger = logging.getLogger("kubetrain.test")
@@ -318,8 +329,7 @@ def job_event(state: handlers.OperatorState, body: Json) -> None:
     """The watch shows the job changed (not by the operator): job_changed, as kopf calls it."""
     async def changed() -> None:
         await handlers.job_changed(event={"type": "MODIFIED", "object": body}, namespace=NAMESPACE, name="valid",
-                                   memo={"state": state}, logger=logging.getLogger("kubetrain.test"),
-                                   pods_by_job=state.pods)
+                                   memo={"state": state}, logger=logging.getLogger("kubetrain.test"))
         if state.scheduler is not None:
             state.scheduler.cancel()
     asyncio.run(changed())

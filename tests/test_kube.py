@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from kubetrain import api, kube
-from kubetrain.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, api_failure
+from kubetrain.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, VersionGoneError, api_failure
 
 Json = Any
 JOBS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/ns/{api.PLURAL}"
@@ -42,12 +42,24 @@ class Server:
     answers: list[tuple[int, Json]]
     seen: list[Seen] = field(default_factory=list)
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         text = await request.text()
         self.seen.append(Seen(request.method, request.path, dict(request.query), request.content_type,
                               request.headers.get("Authorization", ""), json.loads(text) if text else None))
         status, body = self.answers.pop(0)
-        return web.json_response(body, status=status)
+        if not isinstance(body, Chunks):
+            return web.json_response(body, status=status)
+        response = web.StreamResponse(status=status)  # a watch: the body as the server sends it, piece by piece
+        await response.prepare(request)
+        for chunk in body:
+            await response.write(chunk)
+            await asyncio.sleep(0)
+        await response.write_eof()
+        return response
+
+
+class Chunks(list[bytes]):
+    """A streamed answer (a watch), in these pieces."""
 
 
 def status_body(code: int, message: str) -> Json:
@@ -281,3 +293,43 @@ def test_the_operator_process_never_loads_the_official_client() -> None:
     assert facts["aiohttp_default_cas"]["x509_ca"] == 0, "the system's CAs in a context nothing uses (1.6 MB)"
     assert facts["mime_types"] < 200, "the system's table (about 1,500 types on Debian), for serving files"
     assert facts["ca_environment"] == [os.environ.get(n) for n in ("SSL_CERT_FILE", "SSL_CERT_DIR")]
+
+
+def watched(chunks: list[bytes]) -> Any:
+    async def call(kube: Kube) -> list[Json]:
+        return [event async for event in kube.watch_pods("ns", "kubetrain.io/job-name", "41")]
+    return against([(200, Chunks(chunks))], call)
+
+
+def test_a_pod_watch_reads_events_split_anywhere_and_longer_than_64_kib() -> None:
+    big = {"type": "MODIFIED", "object": {"metadata": {"name": "a", "annotations": {"x": "y" * 100_000}}}}
+    stream = (json.dumps({"type": "ADDED", "object": {"metadata": {"name": "a"}}}) + "\n"
+              + json.dumps(big) + "\n" + json.dumps({"type": "BOOKMARK", "object": {"metadata": {}}}) + "\n").encode()
+    events, server = watched([stream[:10], stream[10:70_000], stream[70_000:]])
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "BOOKMARK"]
+    assert events[1] == big
+    (seen,) = server.seen
+    assert seen.path == "/api/v1/namespaces/ns/pods"
+    assert seen.query == {"watch": "true", "resourceVersion": "41", "allowWatchBookmarks": "true",
+                          "labelSelector": "kubetrain.io/job-name", "timeoutSeconds": "300"}
+
+
+def test_a_watch_whose_version_is_gone_says_so_and_other_errors_are_api_errors() -> None:
+    gone = {"type": "ERROR", "object": status_body(410, "too old resource version: 41 (97)")}
+    first = {"type": "ADDED", "object": {"metadata": {"name": "a"}}}
+    error, _ = watched([(json.dumps(first) + "\n" + json.dumps(gone) + "\n").encode()])
+    assert isinstance(error, VersionGoneError) and "too old" in str(error)
+    error, _ = watched([(json.dumps({"type": "ERROR", "object": status_body(500, "etcd")}) + "\n").encode()])
+    assert isinstance(error, ApiError) and error.status == 500
+    refused, _ = against([(403, status_body(403, "pods is forbidden"))],
+                         lambda kube: anext(aiter(kube.watch_pods(None, "l", "1"))))
+    assert isinstance(refused, ApiError) and refused.status == 403
+
+
+def test_a_pod_list_follows_continue_tokens_and_gives_the_lists_version() -> None:
+    pages = [(200, {"metadata": {"continue": "c1", "resourceVersion": "5"}, "items": [{"n": 1}]}),
+             (200, {"metadata": {"resourceVersion": "7"}, "items": [{"n": 2}]})]
+    (pods, version), server = against(pages, lambda kube: kube.list_pods(None, "kubetrain.io/job-name"))
+    assert pods == [{"n": 1}, {"n": 2}] and version == "7"
+    assert [s.path for s in server.seen] == ["/api/v1/pods"] * 2
+    assert "continue" not in server.seen[0].query and server.seen[1].query["continue"] == "c1"

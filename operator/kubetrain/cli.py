@@ -193,7 +193,7 @@ def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metri
     from kubetrain import handlers
 
     config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image,
-                                     pod_group_scheduler=pod_group_scheduler,
+                                     pod_group_scheduler=pod_group_scheduler, all_namespaces=all_namespaces,
                                      fixed_namespaces=all_namespaces or not any(set(ns) & set(NAMESPACE_PATTERN)
                                                                                 for ns in namespaces))
     kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",

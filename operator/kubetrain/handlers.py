@@ -1,7 +1,7 @@
 """kopf handlers: thin triggers around one level-based reconcile of a TrainingJob.
 
 Every trigger (a change of the job, a change of one of its pods, a due timer) runs the same
-``reconcile``: read the job, take its pods from the index kopf keeps from its watch, ask the pure core what
+``reconcile``: read the job, take its pods from our own watch of them (podwatch.py), ask the pure core what
 to do, write the status, act.
 No kopf timers or daemons: they would put a finalizer on every job (and block its deletion while
 the operator is down); a small scheduler of our own re-checks jobs that asked to be looked at later.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
 import kopf
@@ -35,6 +35,7 @@ from kubetrain.kube import (
 )
 from kubetrain.manifests import build_pod, build_pod_group, build_service, owner_reference
 from kubetrain.memory import return_freed_memory
+from kubetrain.podwatch import PodWatch
 from kubetrain.policy import (
     Decision,
     Event,
@@ -48,7 +49,7 @@ from kubetrain.policy import (
 )
 from kubetrain.progress import fetch_progress
 from kubetrain.spec import SpecError, TrainingJob, parse
-from kubetrain.status import PodState, Scrape, merge_patch, owned_by, parse_time, pod_state
+from kubetrain.status import PodState, Scrape, merge_patch, owned_by, parse_time
 
 __all__ = ["OperatorConfig"]
 
@@ -57,6 +58,7 @@ T = TypeVar("T")
 Key = tuple[str, str]  # (namespace, name)
 HandlerLogger = logging.Logger | logging.LoggerAdapter[Any]
 JOB = (api.GROUP, api.VERSION, api.PLURAL)
+POD_LOGGER: HandlerLogger = logging.getLogger("kubetrain.pods")
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED})
 CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
@@ -86,6 +88,15 @@ class OperatorConfig:
     api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
     pod_group_scheduler: str = ""  # a coscheduling scheduler's name: each job gets a PodGroup, its pods that name
     fixed_namespaces: bool = True  # all namespaces, or named ones: no pattern that needs kopf to watch namespaces
+    all_namespaces: bool = False  # pods are watched cluster-wide (one watch), else namespace by namespace
+
+
+class PodIndex(Protocol):
+    """Each job's pods as last seen (see podwatch.PodWatch), once their namespace is ``ready``."""
+
+    def get(self, key: Key, default: Iterable[PodState], /) -> Iterable[PodState]: ...
+
+    async def ready(self, namespace: str) -> None: ...
 
 
 @dataclass
@@ -95,14 +106,13 @@ class OperatorState:
     config: OperatorConfig
     kube: Kube
     http: aiohttp.ClientSession
+    pods: PodIndex
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next look
     last_scrape: dict[Key, float] = field(default_factory=dict)
     phases: dict[Key, str] = field(default_factory=dict)
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed reconciles (retry backoff)
     generations: dict[Key, int] = field(default_factory=dict)  # metadata.generation last reconciled
-    # Each job's pods as the watch last saw them, kept by kopf's index `pods_by_job`.
-    pods: Mapping[Key, Iterable[PodState]] = field(default_factory=dict)
     expected: dict[Key, tuple[frozenset[str], float]] = field(default_factory=dict)  # created, not yet seen
     own_writes: dict[Key, list[str]] = field(default_factory=dict)  # see job_changed
     written_at: dict[Key, float] = field(default_factory=dict)  # monotonic time of the last status write
@@ -115,6 +125,7 @@ class OperatorState:
     dirty: set[Key] = field(default_factory=set)  # triggered while their reconcile ran: one more pass
     reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity, see _scheduler)
     scheduler: asyncio.Task[None] | None = None
+    triggered: set[asyncio.Task[None]] = field(default_factory=set)  # reconciles the pod watch started
 
     def lock(self, key: Key) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -143,7 +154,7 @@ class OperatorState:
 
     def keeps_cached(self, key: Key) -> bool:
         """Whether the job is active (it has pods, or is about to): its reconciles come often."""
-        return bool(self.pods.get(key)) or key in self.expected
+        return bool(self.pods.get(key, ())) or key in self.expected
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
@@ -160,19 +171,25 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+class _NoSuccessLines(logging.Filter):
+    """kopf logs "Handler 'job_changed' succeeded." at INFO after every job event (the handler never fails: a failed
+    reconcile is retried by our scheduler and logged then): 250 lines that say nothing in a burst of 50 jobs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Handler 'job_changed' succeeded."
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     """The CLI hands its settings over in kopf's memo (``kopf.run(memo=...)``): no module global."""
     config: OperatorConfig = memo.get("config") or OperatorConfig()
-    # Only pods that belong to a TrainingJob are watched (server-side selector): the operator's
-    # memory stays flat however many other pods the cluster runs.
-    settings.watching.label_selectors["pods"] = api.LABEL.JOB_NAME
     # Reconnect watches well before proxies or the API server drop idle connections.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.persistence.diffbase_storage = _NoDiffBase()
     # Events on our own objects say who posted them.
     settings.posting.reporting_component = "kubetrain-operator"
+    logging.getLogger("kopf.objects").addFilter(_NoSuccessLines())
     # kopf keeps a worker per object for idle_timeout (5 s) after its last event, holding that event's body:
     # 1,000 jobs created in 10 s kept nearly all of them alive at once, and the memory freed afterwards stayed
     # fragmented (RSS 75 MiB, against 62 MiB with 0.5 s and 60 MiB with 0.1 s). A later event of the job
@@ -183,7 +200,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     kube = Kube(lambda: login(settings), connections=config.api_connections)
     settings.scanning.disabled = not await scanning_needed(config, kube)
-    state = OperatorState(config=config, kube=kube, http=aiohttp.ClientSession())
+    pods = PodWatch(kube, all_namespaces=config.all_namespaces)
+    state = OperatorState(config=config, kube=kube, http=aiohttp.ClientSession(), pods=pods)
+    pods.on_change(lambda key: _pods_changed(state, key))
     memo["state"] = state
     # What start-up freed (the initial listings among it) goes back, also when no job ever comes.
     asyncio.get_running_loop().call_later(STARTUP_TRIM_DELAY, return_freed_memory)
@@ -215,17 +234,9 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state: OperatorState = memo["state"]
     if state.scheduler is not None:
         state.scheduler.cancel()
+    await cast(PodWatch, state.pods).close()
     await state.http.close()
     await state.kube.close()
-
-
-@kopf.index("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
-async def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                      **_: Any) -> dict[Key, PodState]:
-    """Every job's pods, from kopf's watch, summarised once per event: a reconcile reads them here instead
-    of listing and converting them (a 512-pod gang's reconcile would convert 512 pods each time). Async: kopf
-    runs a sync handler on a thread, a hop per pod event."""
-    return {(namespace or "", labels[api.LABEL.JOB_NAME]): pod_state(body)}
 
 
 @kopf.on.event(*JOB)
@@ -234,7 +245,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
     state: OperatorState = memo["state"]
     assert namespace is not None  # TrainingJobs are namespaced
     key = (namespace, name)
-    _start_scheduler(state, kwargs["pods_by_job"])  # kopf passes each index by its function's name
+    _start_scheduler(state)
     if event.get("type") == "DELETED":
         state.forget(key)
         return
@@ -244,23 +255,23 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
     if state.failures.get(key) and state.generations.get(key) == metadata.get("generation"):
         return  # our own status write after a failure: the retry waits for its backoff (a spec change does not)
     state.bodies[key] = event["object"]
+    await state.pods.ready(namespace)  # its pods are listed: a reconcile before would create them again
     await _reconcile_measured(state, key, "job", logger)
 
 
-@kopf.on.event("", "v1", "pods", labels={api.LABEL.JOB_NAME: kopf.PRESENT})
-async def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: Any, logger: HandlerLogger,
-                      **kwargs: Any) -> None:
-    state: OperatorState = memo["state"]
-    assert namespace is not None  # pods are namespaced
-    _start_scheduler(state, kwargs["pods_by_job"])
-    await _reconcile_measured(state, (namespace, labels[api.LABEL.JOB_NAME]), "pod", logger)
+def _pods_changed(state: OperatorState, key: Key) -> None:
+    """The pod watch saw the job's pods change: reconcile it (one more pass, if a reconcile of it runs now)."""
+    if state.lock(key).locked():
+        state.dirty.add(key)
+        return
+    task = asyncio.create_task(_reconcile_measured(state, key, "pod", POD_LOGGER))
+    state.triggered.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(state.triggered.discard)
 
 
-def _start_scheduler(state: OperatorState, pods: kopf.Index[Key, PodState]) -> None:
+def _start_scheduler(state: OperatorState) -> None:
     """Start the scheduler from a handler: the task copies the handler's context, without which kopf.event()
-    fails (its event queue lives in context variables that the startup handler's context lacks). The pod
-    index, too, reaches only handlers: it is a live view, kept for the scheduler's reconciles."""
-    state.pods = cast(Mapping[Key, Iterable[PodState]], pods)
+    fails (its event queue lives in context variables that the startup handler's context lacks)."""
     if state.scheduler is None:
         state.scheduler = asyncio.create_task(_scheduler(state))
 
@@ -355,7 +366,9 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
     if state.holds(namespace):
         return
     body = state.bodies.get(key) or await state.kube.get_job(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    if body is None:  # e.g. its pods' events as they are deleted after it: nothing of it is kept
+        raise JobGoneError(f"{namespace}/{name} is gone")
+    if body["metadata"].get("deletionTimestamp"):
         return
     managed_by = (body.get("spec", {}).get("runPolicy") or {}).get("managedBy", api.DEFAULT_MANAGED_BY)
     if managed_by != api.DEFAULT_MANAGED_BY:
@@ -561,8 +574,9 @@ def _observe(state: OperatorState, key: Key, job: TrainingJob, before: Mapping[s
         created = parse_time(job.created)
         if created is not None:
             metrics.TIME_TO_RUNNING.observe(max(0.0, (now - created).total_seconds()))
-    state.phases[key] = phase
-    metrics.set_job_phases(state.phases)
+    if state.phases.get(key) != phase:  # the tally covers every job: not at each of a job's reconciles
+        state.phases[key] = phase
+        metrics.set_job_phases(state.phases)
 
 
 def _schedule(state: OperatorState, key: Key, decision: Decision, write_by: float | None = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "JobGoneError",
     "Kube",
     "NamespaceTerminatingError",
+    "VersionGoneError",
     "api_failure",
     "login",
 ]
@@ -45,6 +46,12 @@ NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects 
 # Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
 CONNECT_TIMEOUT = 10
 REQUEST_TIMEOUT = 60
+# A watch: the API server ends it after WATCH_SECONDS (it is then resumed); silence for longer than
+# WATCH_READ_TIMEOUT is a connection that died unseen (bookmarks come every minute or so).
+WATCH_SECONDS = 300
+WATCH_READ_TIMEOUT = WATCH_SECONDS + 30
+LIST_PAGE = 500  # objects per page of a list
+HTTP_GONE = 410  # a watch's resourceVersion is too old: list again
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge patch
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # what the official client sends for core kinds
@@ -74,6 +81,10 @@ class ApiError(Exception):
             return {str(cause.get("reason")) for cause in json.loads(self.body)["details"]["causes"]}
         except (TypeError, ValueError, KeyError, AttributeError):
             return set()
+
+
+class VersionGoneError(Exception):
+    """A watch asked for a resourceVersion the API server no longer keeps (410): list again."""
 
 
 class ConflictError(Exception):
@@ -143,6 +154,7 @@ class _Rest:
         self._headers = self._info.as_http_headers()
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -154,9 +166,38 @@ class _Rest:
             )
         return self._session
 
+    def _open_for_watches(self) -> aiohttp.ClientSession:
+        """Watches hold their connection for minutes: a pool of their own, so they never take the calls' slots."""
+        if self._watch_session is None:
+            self._watch_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._info.as_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_read=WATCH_READ_TIMEOUT),
+                proxy=self._info.proxy_url, trust_env=self._info.trust_env,
+            )
+        return self._watch_session
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+
+    async def stream(self, path: str, params: Mapping[str, str]) -> AsyncIterator[Json]:
+        """A watch's events, one JSON object each; ApiError for an error status (a 401 logs in again for the
+        next one), VersionGoneError when the watch's resourceVersion is gone."""
+        url = self._info.server.rstrip("/") + path
+        headers = {**self._headers, "Accept": JSON}
+        async with self._open_for_watches().get(url, params=params, headers=headers) as response:
+            if response.status >= HTTP_ERRORS:
+                if response.status == HTTP_UNAUTHORIZED:
+                    self._headers = self._login().as_http_headers()
+                raise ApiError(response.status, response.reason or "", await response.text())
+            # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
+            pending = b""
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _watch_event(json.loads(line))
 
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Json = None, content_type: str = JSON) -> Json:
@@ -176,6 +217,16 @@ class _Rest:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
 
+def _watch_event(event: Json) -> Json:
+    """The event, unless it is the API server's error event: VersionGoneError for a 410, else ApiError."""
+    if event.get("type") != "ERROR":
+        return event
+    status = event.get("object") or {}
+    if status.get("code") == HTTP_GONE:
+        raise VersionGoneError(status.get("message", "resourceVersion too old"))
+    raise ApiError(int(status.get("code") or 500), status.get("reason") or "", json.dumps(status))
+
+
 class _CoreV1:
     """The core/v1 calls the operator makes, named like the official client's CoreV1Api."""
 
@@ -183,8 +234,16 @@ class _CoreV1:
         self._rest = rest
 
     @staticmethod
-    def _path(namespace: str, plural: str, name: str = "") -> str:
-        return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+    def _path(namespace: str | None, plural: str, name: str = "") -> str:
+        """None: the objects of every namespace."""
+        where = "/api/v1" if namespace is None else f"/api/v1/namespaces/{namespace}"
+        return f"{where}/{plural}" + (f"/{name}" if name else "")
+
+    async def list_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> Json:
+        return await self._rest.request("GET", self._path(namespace, "pods"), params=params)
+
+    def watch_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> AsyncIterator[Json]:
+        return self._rest.stream(self._path(namespace, "pods"), {**params, "watch": "true"})
 
     async def create_namespaced_pod(self, namespace: str, body: Json) -> Json:
         return await self._rest.request("POST", self._path(namespace, "pods"), body=body)
@@ -332,6 +391,26 @@ class Kube:
                     raise
                 raise ConflictError(f"{body['kind'].lower()} {name} was deleted while creating it") from error
         return None
+
+    async def list_pods(self, namespace: str | None, selector: str) -> tuple[list[Json], str]:
+        """The pods that match the label selector, in one namespace or (None) all, page by page; and the
+        resourceVersion to watch them from."""
+        pods: list[Json] = []
+        params = {"labelSelector": selector, "limit": str(LIST_PAGE)}
+        while True:
+            page = await self._core.list_namespaced_pod(namespace, params)
+            pods += page.get("items") or []
+            after = page["metadata"].get("continue")
+            if not after:
+                return pods, page["metadata"]["resourceVersion"]
+            params = {**params, "continue": after}
+
+    def watch_pods(self, namespace: str | None, selector: str, version: str) -> AsyncIterator[Json]:
+        """The pods' changes after ``version``, with bookmarks, until the API server ends the watch (see
+        _Rest.stream)."""
+        return self._core.watch_namespaced_pod(namespace, {
+            "labelSelector": selector, "resourceVersion": version, "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS)})
 
     async def delete_companion(self, namespace: str, kind: str, name: str) -> None:
         """Delete the job's Service or PodGroup (one that a deleted job of the same name left)."""

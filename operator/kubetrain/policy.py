@@ -25,7 +25,6 @@ that is itself only a consequence, RendezvousClosedError, waits up to CAUSE_WAIT
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,6 +156,16 @@ class _Draft:
         )
 
 
+def _copied(value: Json) -> Json:
+    """A copy of a status (JSON: dicts, lists and scalars) for a draft to change: a third of copy.deepcopy's
+    time, which keeps a memo for cycles and shared parts that JSON never has."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
 def reconcile(
     job: TrainingJob,
     status: Mapping[str, Json],
@@ -169,7 +178,7 @@ def reconcile(
     ``progress``: what a scrape of rank 0 read now (a Progress, or a Scrape that may have failed); None when
     rank 0 was not scraped this time.
     """
-    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    draft = _Draft(job=job, now=now, status=_copied(dict(status)))
     draft.status["observedGeneration"] = job.generation
     draft.status["selector"] = job_selector(job.name, job.uid)
     # Pods of an earlier job of the same name (deleted with --cascade=orphan) are never this job's.
@@ -691,7 +700,7 @@ def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequenc
                      *, now: datetime, retry_in: float) -> Decision:
     """The status after a step of the reconcile failed: the job fails when retrying cannot help, else it says
     that it retries, with the API's message, in condition ReconcileError and the status message."""
-    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    draft = _Draft(job=job, now=now, status=_copied(dict(status)))
     reason = classify(failure)
     what = f"creating {failure.creating}" if failure.creating else "reconciling"
     if reason is Reason.INVALID_POD_SPEC:
@@ -764,6 +773,6 @@ def recovered(job: TrainingJob, status: Mapping[str, Json], now: datetime) -> di
     """``status`` once every step of a reconcile succeeded: a ReconcileError condition turns False."""
     if _reconcile_error(status) is None:
         return dict(status)
-    draft = _Draft(job=job, now=now, status=copy.deepcopy(dict(status)))
+    draft = _Draft(job=job, now=now, status=_copied(dict(status)))
     draft.condition(ConditionType.RECONCILE_ERROR, False, Reason.RECONCILED, "the last reconcile succeeded")
     return draft.status

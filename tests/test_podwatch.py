@@ -1,0 +1,143 @@
+"""The operator's own watch of its jobs' pods (podwatch.py), against a scripted API server: what it keeps, which
+jobs it reports changed, and how it goes on after the watch ends, fails, or finds its version gone."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kubetrain import podwatch
+from kubetrain.kube import ApiError, VersionGoneError
+from kubetrain.podwatch import PodWatch
+from tests.pods import pod
+
+Json = Any
+KEY = ("ml", "valid")
+
+
+def in_namespace(body: Json, namespace: str = "ml", version: str = "1") -> Json:
+    body = copy.deepcopy(body)
+    body["metadata"].update(namespace=namespace, resourceVersion=version)
+    return body
+
+
+def event(kind: str, body: Json, version: str) -> Json:
+    return {"type": kind, "object": in_namespace(body, body["metadata"].get("namespace", "ml"), version)}
+
+
+class FakeKube:
+    """Lists give the next of ``lists``; watches give the next of ``watches``: a list of events, or an exception
+    raised after them. When both run out, a watch waits until cancelled. Records every call."""
+
+    def __init__(self, lists: list[tuple[list[Json], str]], watches: list[list[Json | Exception]]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.calls: list[tuple[str, str | None, str]] = []
+        self.exhausted = asyncio.Event()
+
+    async def list_pods(self, namespace: str | None, selector: str) -> tuple[list[Json], str]:
+        self.calls.append(("list", namespace, selector))
+        if isinstance(self.lists[0], Exception):
+            raise self.lists.pop(0)
+        return self.lists.pop(0)
+
+    async def watch_pods(self, namespace: str | None, selector: str, version: str) -> AsyncIterator[Json]:
+        self.calls.append(("watch", namespace, version))
+        if not self.watches:
+            self.exhausted.set()
+            await asyncio.Event().wait()
+        for item in self.watches.pop(0):
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            await asyncio.sleep(0)
+
+
+def follow(kube: FakeKube, *, all_namespaces: bool = False, namespaces: tuple[str, ...] = ("ml",)
+           ) -> tuple[PodWatch, list[tuple[str, str]], dict[str, Any]]:
+    """Run a PodWatch until its scripted watches are used up; (it, the jobs it reported, its pods then)."""
+    told: list[tuple[str, str]] = []
+    kept: dict[str, Any] = {}
+
+    async def main() -> PodWatch:
+        watch = PodWatch(kube, all_namespaces=all_namespaces)  # type: ignore[arg-type]
+        watch.on_change(told.append)
+        for namespace in namespaces:
+            await asyncio.wait_for(watch.ready(namespace), 5)
+        await asyncio.wait_for(kube.exhausted.wait(), 5)
+        kept.update({f"{ns}/{job}": sorted(p.name for p in pods) for (ns, job), pods in watch.items()})
+        await watch.close()
+        return watch
+
+    return asyncio.run(main()), told, kept
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(podwatch, "RETRY_DELAYS", (0.0,))
+
+
+def test_a_job_is_reported_when_what_the_reconcile_reads_of_its_pods_changes() -> None:
+    running = pod(0)
+    annotated = copy.deepcopy(running)  # a change the reconcile does not read
+    annotated["metadata"]["annotations"] = {"example.com/seen": "yes"}
+    kube = FakeKube([([in_namespace(pod(0, "Pending"))], "10")],
+                    [[event("MODIFIED", running, "11"), event("MODIFIED", annotated, "12"),
+                      event("ADDED", pod(1), "13"), event("DELETED", pod(0), "14")]])
+    _, told, kept = follow(kube)
+    assert told == [KEY, KEY, KEY], "Running, a new pod, a deleted one: not the event that changed nothing"
+    assert kept == {"ml/valid": ["valid-1"]}
+    assert kube.calls[:2] == [("list", "ml", "kubetrain.io/job-name"), ("watch", "ml", "10")]
+
+
+def test_the_first_list_reports_nothing_and_a_job_without_pods_is_not_kept() -> None:
+    kube = FakeKube([([in_namespace(pod(0))], "10")], [[event("DELETED", pod(0), "11")]])
+    _, told, kept = follow(kube)
+    assert told == [KEY] and kept == {}
+
+
+def test_a_watch_that_ends_goes_on_from_its_last_version_bookmarks_included() -> None:
+    bookmark = {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "30"}}}
+    kube = FakeKube([([], "10")], [[event("ADDED", pod(0), "20"), bookmark], [ApiError(500, "etcd", "")], []])
+    follow(kube)
+    assert [c for c in kube.calls if c[0] == "watch"] == [("watch", "ml", v) for v in ("10", "30", "30", "30")]
+    assert [c[0] for c in kube.calls].count("list") == 1, "a failed watch resumes: no list again"
+
+
+def test_a_version_gone_lists_again_and_reports_what_changed_meanwhile() -> None:
+    other = pod(0, job="other")
+    kube = FakeKube([([in_namespace(pod(0)), in_namespace(other)], "10"),
+                     ([in_namespace(pod(0)), in_namespace(pod(1))], "50")],
+                    [[VersionGoneError("too old")]])
+    _, told, kept = follow(kube)
+    assert sorted(told) == [("ml", "other"), KEY], "valid got a pod, other lost its only one"
+    assert kept == {"ml/valid": ["valid-0", "valid-1"]}
+    assert kube.calls[-1] == ("watch", "ml", "50")
+
+
+def test_a_failed_first_list_is_retried_before_anything_is_ready() -> None:
+    kube = FakeKube([ApiError(403, "Forbidden", "pods is forbidden"), ([in_namespace(pod(0))], "10")], [])  # type: ignore[list-item]
+    _, _, kept = follow(kube)
+    assert kept == {"ml/valid": ["valid-0"]}
+    assert [c[0] for c in kube.calls] == ["list", "list", "watch"]
+
+
+def test_a_relabelled_pod_moves_to_its_new_job_and_both_are_reported() -> None:
+    moved = pod(0)
+    moved["metadata"]["labels"]["kubetrain.io/job-name"] = "other"
+    kube = FakeKube([([in_namespace(pod(0))], "10")], [[event("MODIFIED", moved, "11")]])
+    _, told, kept = follow(kube)
+    assert told == [KEY, ("ml", "other")]
+    assert kept == {"ml/other": ["valid-0"]}
+
+
+@pytest.mark.parametrize(("all_namespaces", "scopes"), [(False, ["ml", "team"]), (True, [None])])
+def test_namespaces_are_watched_one_by_one_or_all_in_one_watch(all_namespaces: bool, scopes: list[str | None]) -> None:
+    kube = FakeKube([([], "10"), ([], "11")], [])
+    follow(kube, all_namespaces=all_namespaces, namespaces=("ml", "team", "ml"))
+    assert [c[1] for c in kube.calls if c[0] == "list"] == scopes
+
