@@ -437,7 +437,7 @@ def startup_figures(ctx: Context, lab: Cluster, both: Sequence[Side], nodes: int
 
 
 def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figure]:
-    rounds = 1 if ctx.quick else 2
+    rounds = 1 if ctx.quick else 3  # an odd count: the median is one round's, an outlier drops out
     seconds: dict[str, list[float]] = {"kubetrain": [], "kubeflow": [], "plain": []}
     cpu: dict[str, list[float]] = {"kubetrain": [], "kubeflow": []}
     rss: dict[str, int] = {}

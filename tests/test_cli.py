@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from kubetrain import api
 from kubetrain.cli import LOG_FORMATS, main
 from kubetrain.local import plan_local_run
+from kubetrain.schema import field_problems
 from kubetrain.spec import parse
 from tests.invalid_specs import base_job
 from tests.lab.lab import Lab
@@ -125,6 +126,11 @@ def test_operator_hands_its_settings_to_kopf_and_the_handlers(monkeypatch: pytes
     assert launch.metrics_port == 9090
     assert launch.config.trainer_image == "registry.example.com/kubetrain/trainer:1"
     assert launch.config.progress_interval == 30
+
+
+def test_the_built_in_trainer_image_meets_the_bounds_of_spec_image() -> None:
+    # The CLI checks only another --trainer-image (the check loads the whole CRD): the default must pass it.
+    assert field_problems("spec.image", api.DEFAULT_TRAINER_IMAGE) == []
 
 
 def test_operator_defaults_to_the_trainer_image_and_normal_plain_logs(monkeypatch: pytest.MonkeyPatch) -> None:
