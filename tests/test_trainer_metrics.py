@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kubetrain.ports import free_port_range
@@ -124,3 +125,22 @@ def test_sigterm_to_a_single_process_exits_with_143_after_a_checkpoint(tmp_path:
     assert proc.returncode == 143, err[-3000:]
     (stopped,) = Result(proc.returncode, out, err).of("stopped")
     assert (tmp_path / "ckpt" / f"step_{stopped['step']:09d}" / "trainer_state.json").is_file()
+
+
+def test_a_sigterm_that_reaches_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None:
+    """Rank 1 alone is told to stop: its vote reaches rank 0 inside DDP's gradient all-reduce (StepVotes), and
+    rank 0, which got no signal, saves and stops at the same step."""
+    port = free_port_range(2)
+    config = {**CONFIG, "trainer": {**CONFIG["trainer"], "logEverySteps": 1}, "checkpoint": {"everySteps": 0}}
+    proc = start_trainer(config, tmp_path / "ckpt", nproc=2, metrics_port=port)
+    try:
+        wait_for(lambda: (s := scrape(port)) and value(s, "trainer_step") >= 3, 120, "training under way", proc)
+        (rank1,) = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
+        rank1.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        stop_process_group(proc)
+    (stopped,) = Result(proc.returncode, out, err).of("stopped")  # rank 0 logs it: rank 0 stopped too
+    state = json.loads((tmp_path / "ckpt" / f"step_{stopped['step']:09d}" / "trainer_state.json").read_text())
+    assert state["step"] == stopped["step"] and state["world_size"] == 2
+    assert Result(proc.returncode, out, err).of("step")[-1]["step"] == stopped["step"], "no step after the vote"

@@ -418,3 +418,46 @@ def test_trainer_answers_help_and_refuses_arguments_instead_of_training(tmp_path
     refused = run("--steps", "10")
     assert refused.returncode == 2 and "unexpected arguments" in refused.stderr
     assert not (tmp_path / "c").exists(), "nothing trained, no checkpoint written"
+
+
+# --- DDP carries each step's votes ------------------------------------------------------------------------
+
+
+def _votes_rank(rank: int, store_path: str, out: str) -> None:
+    """One of two gloo ranks: a step of a DDP model with StepVotes; what it saw, written to ``out``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from kubetrain_trainer.parallel import StepVotes
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+    votes = StepVotes(ddp, world_size=2)
+    x = torch.full((3, 4), float(rank + 1))
+    loss = ddp(x).square().mean()
+    votes.send(torch.stack([loss.detach(), torch.tensor(float(rank == 1))]))  # only rank 1 votes to stop
+    loss.backward()
+    assert votes.summed is not None
+    Path(out.format(rank)).write_text(json.dumps({"loss": loss.item(), "summed": votes.summed.tolist(),
+                                     "grad": model.weight.grad.flatten().tolist()}))
+    dist.destroy_process_group()
+
+
+def test_ddp_carries_the_losses_and_stop_votes_in_its_gradient_all_reduce(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_votes_rank, args=(str(tmp_path / "store"), str(tmp_path / "rank{}.json")), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    losses = [r["loss"] for r in ranks]
+    for seen in ranks:
+        assert seen["summed"] == pytest.approx([sum(losses), 1.0])  # summed, not averaged: one rank's vote counts
+    # The gradients are still DDP's mean over the ranks: each rank's own, computed here without DDP.
+    own = []
+    for rank in range(2):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        model(torch.full((3, 4), float(rank + 1))).square().mean().backward()
+        own.append(model.weight.grad.flatten())
+    assert ranks[0]["grad"] == ranks[1]["grad"] == pytest.approx(((own[0] + own[1]) / 2).tolist())

@@ -1,8 +1,9 @@
 """The training loop: accumulate, reduce, step, log, evaluate, checkpoint, stop gracefully.
 
-One collective per optimizer step carries the summed loss, the stop flag and the gradient norm, so every
-rank agrees on what happened (a SIGTERM that reached one pod, a NaN on one rank) and stops at the same step;
-it is also the one place per step where the CPU waits for the GPU.
+Every rank agrees on each step's summed loss, stop vote and gradient norm (a SIGTERM that reached one pod, a
+NaN on one rank), so all stop at the same step. Under DDP the loss and the vote ride in its gradient all-reduce
+(parallel.StepVotes); otherwise one collective carries all three. Reading them is the one place per step where
+the CPU waits for the GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817 - the name everyone uses
 from torch.utils.data import IterableDataset
 
 from .checkpoint import Checkpointer, TrainState
@@ -32,7 +34,7 @@ from .data import Loader, ResumableDistributedSampler, build_loader
 from .distributed import DistContext
 from .gpu import peak_flops
 from .metrics import TrainerMetrics
-from .parallel import autocast, build_optimizer, grad_sync, lr_at, to_device, wrap_model
+from .parallel import StepVotes, autocast, build_optimizer, grad_sync, lr_at, to_device, wrap_model
 from .tasks import Task
 
 __all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFiniteLossError", "StopFlag", "train"]
@@ -205,6 +207,8 @@ class Trainer:
         # assert), and is left out under torch.compile, whose DDP graph splitting it was not tested with.
         static = task.static_graph and self.tc.grad_accumulation == 1 and not self.tc.compile
         self.raw_model = wrap_model(task.model, self.tc, ctx, task.shard_units, static)
+        self.votes = (StepVotes(self.raw_model, ctx.world_size)
+                      if isinstance(self.raw_model, DDP) and ctx.world_size > 1 else None)
         self.optimizer = build_optimizer(self.raw_model, self.tc.optimizer, ctx.device)
         # The compiled module runs the steps; the uncompiled wrapper keeps the plain names checkpoints use.
         self.model: nn.Module = (torch.compile(self.raw_model) if self.tc.compile  # type: ignore[assignment]
@@ -321,9 +325,11 @@ class Trainer:
             last = micro == tc.grad_accumulation - 1
             with grad_sync(self.raw_model, last), autocast(tc.precision, device):
                 loss = self.task.loss_fn(self.model, batch) / tc.grad_accumulation
+            loss_sum += loss.detach().float()
+            if last and self.votes is not None:
+                self.votes.send(torch.stack([loss_sum, self._stop_vote()]))
             scaled: torch.Tensor = self.scaler.scale(loss)  # unchanged unless fp16 on GPU
             torch.autograd.backward(scaled)
-            loss_sum += loss.detach().float()
             data_s += t1 - t0
             fb_s += time.monotonic() - t1
         self.scaler.unscale_(self.optimizer)
@@ -331,13 +337,24 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
         if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor norm over the shards
             norm = norm.full_tensor()
-        stop = torch.tensor(float(self.stop.requested), device=device)
-        packed = torch.stack([loss_sum, stop, norm.float()])
+        loss_val, stop_votes, grad_norm = self._agree(loss_sum, norm.float())
+        return StepResult(loss_val, grad_norm, stop_votes > 0, data_s, fb_s)
+
+    def _stop_vote(self) -> torch.Tensor:
+        return torch.tensor(float(self.stop.requested), device=self.ctx.device)
+
+    def _agree(self, loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple[float, float, float]:
+        """(the mean loss over the ranks, the stop votes, the gradient norm), the same on every rank."""
         world = self.ctx.world_size
+        summed = self.votes.summed if self.votes is not None else None
+        if summed is not None:  # carried by DDP's all-reduce, whose averaged gradients gave every rank this norm
+            loss_val, stop_votes, grad_norm = torch.cat([summed.to(norm.device), norm.reshape(1)]).tolist()
+            return loss_val / world, stop_votes, grad_norm  # the step's one CPU-GPU synchronisation (as below)
+        packed = torch.stack([loss_sum, self._stop_vote(), norm])
         if world > 1:  # alone, the all-reduce would only add a collective's latency to every step
             dist.all_reduce(packed)
-        loss_val, stop_votes, grad_norm = packed.tolist()  # the step's one CPU-GPU synchronisation
-        return StepResult(loss_val / world, grad_norm / world, stop_votes > 0, data_s, fb_s)
+        loss_val, stop_votes, norm_sum = packed.tolist()  # the step's one CPU-GPU synchronisation
+        return loss_val / world, stop_votes, norm_sum / world
 
     def _scaler_overflow(self, result: StepResult) -> bool:
         """An fp16 GradScaler's normal overflow: a finite loss, inf/NaN gradients, and a scale it can still halve.
