@@ -5,8 +5,9 @@ Run it under torchrun (not part of ``python -m bench``: it explains a figure, it
     OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 \
         bench/gloo_latency.py
 
-Rank 0 prints the mean time of one all-reduce for three sizes: the trainer's per-step agreement (loss and stop,
-a few floats), the synthetic benchmark model's gradients (0.56 MB) and ten times that; then the same as one JSON
+Rank 0 prints the mean time of one all-reduce for three sizes: a few floats (what the trainer's per-step
+agreement on loss and stop cost as a collective of its own, before it rode in DDP's), the synthetic benchmark
+model's gradients (0.56 MB) and ten times that; then the same as one JSON
 line (``gloo {...}``), which :func:`measure` reads: ``trainer.ddp_efficiency_2proc`` reports the ceiling it sets.
 """
 

@@ -219,8 +219,8 @@ DDP = FigureSpec(
     "trainer.ddp_efficiency_2proc", "",
     Goal(">=", 0.90, "2 DDP processes against 2 independent single processes run side by side (no "
                      "communication), whose summed samples/s is what this machine can give two processes at "
-                     "all: the difference is DDP's own cost (gradient all-reduce, the per-step collective, "
-                     "waiting for the slower rank). Near-linear DDP (ANCHORS) allows at most 10%"))
+                     "all: the difference is DDP's own cost (the gradient all-reduce, which carries the step's "
+                     "loss and stop vote; waiting for the slower rank). Near-linear DDP (ANCHORS) allows at most 10%"))
 
 
 def _pair(ctx: Context) -> float:
@@ -246,9 +246,11 @@ def _gloo_floor(step_s: float) -> str:
         costs = gloo_latency.measure(torchrun_env())
     except (subprocess.SubprocessError, StopIteration, ValueError) as error:
         return f"; gloo's latency not measured ({type(error).__name__})"
-    per_step = (costs["grads"] + costs["floats"]) / 1e3
-    return (f"; gloo all-reduces here {costs['grads']:.1f} ms (0.56 MB of gradients) + {costs['floats']:.1f} ms "
-            f"(loss, stop) a step: at most {step_s / (step_s + per_step):.2f} before any waiting")
+    # One all-reduce a step: the step's loss and stop vote ride in the gradients' (kubetrain_trainer.StepVotes).
+    per_step = costs["grads"] / 1e3
+    return (f"; gloo's all-reduce of the gradients here {costs['grads']:.1f} ms a step (0.56 MB; the loss and stop "
+            f"vote ride in it, where a collective of their own cost {costs['floats']:.1f} ms): at most "
+            f"{step_s / (step_s + per_step):.2f} before any waiting")
 
 
 def scaling_bench(ctx: Context) -> list[Figure]:
