@@ -427,3 +427,28 @@ def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(
     assert not deprecated
     assert settings.queueing.idle_timeout <= 1.0, "each quiet job's worker would hold its last event for seconds"
     assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({})) is None
+
+
+def test_jobs_due_together_let_other_events_in_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 jobs created together come due together: a new job's event must not wait for all their reconciles."""
+    ran: list[str] = []
+
+    async def reconcile_without_io(state: handlers.OperatorState, key: Any, trigger: str, logger: Any) -> None:
+        ran.append(key[1])  # as a resync of a job with nothing to write: no await inside
+
+    monkeypatch.setattr(handlers, "_reconcile_measured", reconcile_without_io)
+
+    async def main() -> None:
+        state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=None, http=None,  # type: ignore[arg-type]
+                                       pods=ShownPods())
+        state.due = {(NAMESPACE, f"job-{n}"): 0.0 for n in range(50)}
+        scheduler = asyncio.create_task(handlers._scheduler(state))
+        while len(ran) < 3:
+            await asyncio.sleep(0)
+        ran.append("new job's event")
+        while len(ran) < 51:
+            await asyncio.sleep(0.01)
+        scheduler.cancel()
+
+    asyncio.run(main())
+    assert ran.index("new job's event") <= 5, ran[:10]
