@@ -313,8 +313,9 @@ def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, m
     for p in cluster.pods:
         p["status"] = {"phase": "Pending"}
         p["spec"]["nodeName"] = "node-1"
-    state = run(cluster, state)  # scheduled: Starting, a new phase
     writes = cluster.calls.count("patch_namespaced_custom_object_status")
+    state = run(cluster, state)  # scheduled: Starting, which may wait too
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
     cluster.pods[0]["status"] = pod(0)["status"]
     state = run(cluster, state)  # one more pod running: waits
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes

@@ -709,6 +709,15 @@ class TestWhichStatusChangesMayWait:
         assert one_up["message"] != starting["message"]
         assert may_wait(starting, one_up)
 
+    def test_placed_pods_starting_may_wait_for_the_write_that_says_running(self) -> None:
+        pending = reconcile(job(), {}, [], NOW).status
+        starting = reconcile(job(), pending, states(pod(0, "Pending"), pod(1, "Pending")), NOW).status
+        assert (pending["phase"], starting["phase"]) == ("Pending", "Starting")
+        assert may_wait(pending, starting)
+        running = reconcile(job(), starting, states(pod(0), pod(1)), NOW).status
+        assert not may_wait(pending, running), "Running flips a condition"
+        assert not may_wait(starting, pending | {"message": "x"}), "back to Pending is news"
+
     def test_a_new_phase_a_flipped_condition_a_count_or_an_end_is_written_at_once(self) -> None:
         starting = reconcile(job(), reconcile(job(), {}, [], NOW).status,
                              states(pod(0, "Pending"), pod(1, "Pending")), NOW).status

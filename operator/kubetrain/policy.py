@@ -746,9 +746,13 @@ def must_persist_before_acting(before: Mapping[str, Json], decision: Decision) -
 
 def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
     """Whether a status change may be written a moment later, folded into the next one: only pod counts,
-    messages or progress moved. A new phase, a flipped condition, a count or a failure is written at once."""
+    messages or progress moved, or the gang went from Pending to Starting (its pods were placed and start; on a
+    node with the image they run within the moment, and the write that says Running is the only one). A flipped
+    condition, any other new phase, a count or a failure is written at once."""
     phase = after.get("phase")
-    if not phase or phase != before.get("phase") or phase in (Phase.SUCCEEDED, Phase.FAILED):
+    if not phase or phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return False
+    if phase != before.get("phase") and (before.get("phase"), phase) != (Phase.PENDING, Phase.STARTING):
         return False
     if any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS):
         return False
