@@ -80,6 +80,9 @@ class ShownPods(dict[tuple[str, str], list[Any]]):
     async def ready(self, namespace: str) -> None:
         return None
 
+    async def close(self) -> None:
+        return None
+
 
 def shown(pods: list[Json]) -> ShownPods:
     return ShownPods({KEY: [pod_state(p) for p in pods]})

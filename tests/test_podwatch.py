@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -141,3 +142,13 @@ def test_namespaces_are_watched_one_by_one_or_all_in_one_watch(all_namespaces: b
     follow(kube, all_namespaces=all_namespaces, namespaces=("ml", "team", "ml"))
     assert [c[1] for c in kube.calls if c[0] == "list"] == scopes
 
+
+
+def test_a_watch_that_ends_at_once_without_events_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    """A proxy that closes every stream must not turn the watch into a loop of requests."""
+    kube = FakeKube([([], "10")], [[], [], [event("ADDED", pod(0), "11")]])
+    with caplog.at_level(logging.WARNING, logger="kubetrain.pods"):
+        _, told, _ = follow(kube)
+    ended = [r for r in caplog.records if "the watch ended at once" in r.getMessage()]
+    assert len(ended) == 2, [r.getMessage() for r in caplog.records]
+    assert told == [KEY], "and goes on when events come"

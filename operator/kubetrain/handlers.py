@@ -98,6 +98,8 @@ class PodIndex(Protocol):
 
     async def ready(self, namespace: str) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 @dataclass
 class OperatorState:
@@ -234,7 +236,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state: OperatorState = memo["state"]
     if state.scheduler is not None:
         state.scheduler.cancel()
-    await cast(PodWatch, state.pods).close()
+    await state.pods.close()
     await state.http.close()
     await state.kube.close()
 
