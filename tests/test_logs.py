@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from kubetrain import api, logs
 from kubetrain.logs import LogPod, _lines, failure_lines, keep_line, pods_of_attempt, prefixed
@@ -75,7 +76,7 @@ def test_a_failed_pods_log_tail_outlives_it_bounded() -> None:
 class _Streams:
     """Stands for logs._Cluster: each log request answers the next of ``streams`` (whole log so far)."""
 
-    def __init__(self, streams: list[list[str]], ended_after: int) -> None:
+    def __init__(self, streams: list[list[str] | None], ended_after: int) -> None:
         self.streams = streams
         self.opened = 0
         self.ended_after = ended_after  # the container has ended once this many streams were opened
@@ -83,6 +84,8 @@ class _Streams:
     def log_chunks(self, pod: str, follow: bool) -> Iterator[bytes]:
         lines = self.streams[self.opened]
         self.opened += 1
+        if lines is None:  # the pod's kubelet has not seen it yet: the API server relays its 404
+            raise ApiException(status=404, reason="Not Found")
         yield "".join(f"{line}\n" for line in lines).encode()
 
     def container_ended(self, pod: str) -> bool:
@@ -99,3 +102,12 @@ def test_a_follow_that_ended_while_the_container_runs_goes_on_without_repeating(
     assert cluster.opened == 3
     once = _Streams([["a"]], ended_after=0)
     assert list(logs._pod_lines(once, pod, follow=False)) == ["a"]  # type: ignore[arg-type]
+
+
+def test_a_follow_waits_for_a_kubelet_that_has_not_seen_the_pod_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "POLL_SECONDS", 0)
+    pod = logs.LogPod(name="job-0", node_index=0, attempt=0)
+    cluster = _Streams([None, None, ["a", "b"]], ended_after=3)  # 404 twice while the pod exists
+    assert list(logs._pod_lines(cluster, pod, follow=True)) == ["a", "b"]  # type: ignore[arg-type]
+    gone = _Streams([None], ended_after=1)  # 404, and the pod is gone: the stream ends
+    assert list(logs._pod_lines(gone, pod, follow=True)) == []  # type: ignore[arg-type]

@@ -147,8 +147,8 @@ def _status_code(error: Exception) -> int | None:
 
 def _pod_lines(cluster: _Cluster, pod: LogPod, follow: bool) -> Iterator[str]:
     """One pod's lines; when following, waits for its container to start, and goes on where a stream ended while
-    the container still runs (the kubelet ends a follow at once for a container created but not yet running).
-    A pod that is gone ends it."""
+    the container still runs (the kubelet ends a follow at once for a container created but not yet running,
+    and answers 404 for a pod placed on it that it has not seen yet). A pod that is gone ends it."""
     from kubernetes.client.exceptions import ApiException
 
     seen = 0
@@ -162,10 +162,12 @@ def _pod_lines(cluster: _Cluster, pod: LogPod, follow: bool) -> Iterator[str]:
                 return
         except ApiException as error:
             if _status_code(error) == 404:
-                return
-            if _status_code(error) != 400:
+                # The pod is gone; or it exists and its kubelet has not seen it yet (just placed): wait for it.
+                if not follow or cluster.container_ended(pod.name):
+                    return
+            elif _status_code(error) != 400:
                 raise
-            if not follow:  # 400: the container has not started (yet, or ever: the reason says which)
+            elif not follow:  # 400: the container has not started (yet, or ever: the reason says which)
                 yield f"(no output: {json.loads(error.body or '{}').get('message', error.reason)})"
                 return
         time.sleep(POLL_SECONDS)
