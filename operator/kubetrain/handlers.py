@@ -263,9 +263,6 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
 
 def _pods_changed(state: OperatorState, key: Key) -> None:
     """The pod watch saw the job's pods change: reconcile it (one more pass, if a reconcile of it runs now)."""
-    if state.lock(key).locked():
-        state.dirty.add(key)
-        return
     task = asyncio.create_task(_reconcile_measured(state, key, "pod", POD_LOGGER))
     state.triggered.add(task)  # the loop keeps only weak references to tasks
     task.add_done_callback(state.triggered.discard)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetrain import api
+from kubetrain.status import pod_state
 
 __all__ = ["LogPod", "failure_lines", "keep_line", "pods_of_attempt", "prefixed", "show_logs"]
 
@@ -123,11 +124,8 @@ class _Cluster:
             if _status_code(error) == 404:
                 return True
             raise
-        status = found.get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
-            return True
-        return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or []
-                   if c.get("name") == api.CONTAINER_NAME)
+        state = pod_state(found)  # the operator's own summary: its trainer container's exit, the pod's phase
+        return state.finished or state.exit_code is not None
 
     def log_chunks(self, pod: str, follow: bool) -> Iterator[bytes]:
         """The container's log; raises ApiException while it has not started (400) or is gone (404)."""
