@@ -13,7 +13,7 @@ import pytest
 from bench.__main__ import all_benchmarks, main, select
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, format_figure, format_value, median, percentile, to_json
-from bench.trainer import TrainerRun, capacity_short, one_process_disturbed, throughput
+from bench.trainer import TrainerRun, capacity_short, one_process_disturbed, plain_short, throughput
 
 REPO = Path(__file__).resolve().parent.parent
 AT_MOST = Goal("<=", 1.5, "why")
@@ -42,6 +42,14 @@ def test_scaling_misses_are_the_machines_only_when_its_capacity_explains_them() 
     assert capacity_short(0.55, 1.80, goal) == ""  # 0.611 against the capacity: the code's own miss
     assert capacity_short(0.65, 2.0, goal) == ""  # the machine gave two full cores: nothing to excuse
     assert one_process_disturbed(2.2, 2) != "" and one_process_disturbed(1.9, 2) == ""
+
+
+def test_ddp_misses_are_pytorchs_on_this_machine_only_when_a_plain_loop_misses_too() -> None:
+    goal = Goal(">=", 0.90)
+    assert "0.640" in plain_short(0.65, 0.64, 1.02, goal)  # plain DDP misses too; the trainer keeps up with it
+    assert plain_short(0.65, 0.91, 0.71, goal) == ""  # plain DDP meets the goal: the trainer's own miss
+    assert plain_short(0.60, 0.64, 0.94, goal) == ""  # both miss, but the trainer lags the plain loop by > 5 %
+    assert plain_short(0.92, 0.64, 1.40, goal) == ""  # a met goal needs no excuse
 
 
 def test_unmeasured_or_non_finite_figures_miss() -> None:
