@@ -265,6 +265,24 @@ def test_a_job_whose_namespace_is_being_deleted_is_let_go(lab: Lab, operator: Op
         lab.api.merge_patch(f"{held}/held", {"metadata": {"finalizers": None}})
 
 
+def test_a_namespaces_pod_watch_ends_with_its_last_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    """An operator that runs for months sees many short-lived namespaces: it watches one's pods while the
+    namespace has a job, not for good."""
+    started = f"watching the pods of jobs in {jobs.namespace}"
+    stopped = f"stopped watching pods in {jobs.namespace}: its last job is gone"
+    for name in ("first", "second"):
+        jobs.create(name, spec("pass"))
+    jobs.wait_phase("first", "Succeeded")
+    jobs.lab.api.delete(f"{jobs.base}/first")
+    jobs.wait_phase("second", "Succeeded")
+    assert operator.log().count(started) == 1 and stopped not in operator.log(), "the second job is still there"
+    jobs.lab.api.delete(f"{jobs.base}/second")
+    wait_for(lambda: stopped in operator.log(), 30, "the namespace's pod watch stopped")
+    jobs.create("third", spec("pass"))  # the namespace is watched again
+    jobs.wait_phase("third", "Succeeded")
+    assert operator.log().count(started) == 2
+
+
 def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(
     lab: Lab, jobs: Jobs, operator: OperatorProcess, tmp_path: Path,
 ) -> None:

@@ -152,3 +152,58 @@ def test_a_watch_that_ends_at_once_without_events_backs_off(caplog: pytest.LogCa
     ended = [r for r in caplog.records if "the watch ended at once" in r.getMessage()]
     assert len(ended) == 2, [r.getMessage() for r in caplog.records]
     assert told == [KEY], "and goes on when events come"
+
+
+def test_a_released_namespace_stops_its_watch_drops_its_pods_and_lists_again_when_needed() -> None:
+    kube = FakeKube(lists=[([in_namespace(pod(0))], "5"), ([], "9")], watches=[])
+
+    async def main() -> tuple[list[Any], list[Any], bool]:
+        watch = PodWatch(kube, all_namespaces=False)  # type: ignore[arg-type]
+        await asyncio.wait_for(watch.ready("ml"), 5)
+        await asyncio.wait_for(kube.exhausted.wait(), 5)
+        kept_before = list(watch)
+        first = watch._scopes["ml"].task
+        watch.release("ml")
+        await asyncio.sleep(0)
+        stopped = first is not None and first.cancelled()
+        kept_after = list(watch)
+        await asyncio.wait_for(watch.ready("ml"), 5)  # a new job in the namespace
+        await watch.close()
+        return kept_before, kept_after, stopped
+
+    before, after, stopped = asyncio.run(main())
+    assert before == [KEY] and after == [] and stopped
+    assert [call[0] for call in kube.calls] == ["list", "watch", "list", "watch"]
+
+
+def test_a_waiter_for_a_namespace_released_meanwhile_gets_a_fresh_list() -> None:
+    kube = FakeKube(lists=[([in_namespace(pod(0))], "7")], watches=[])
+
+    async def main() -> list[Any]:
+        watch = PodWatch(kube, all_namespaces=False)  # type: ignore[arg-type]
+        waiter = asyncio.create_task(watch.ready("ml"))  # a new job's first event
+        await asyncio.sleep(0)  # the waiter has started the namespace's watch, which has not listed yet
+        watch.release("ml")  # the namespace's last job went meanwhile
+        await asyncio.wait_for(waiter, 5)
+        kept = list(watch)
+        await watch.close()
+        return kept
+
+    assert asyncio.run(main()) == [KEY], "ready() returned before the namespace's pods were listed"
+    assert [call[0] for call in kube.calls][:1] == ["list"]
+
+
+def test_one_watch_of_every_namespace_is_never_released() -> None:
+    kube = FakeKube(lists=[([], "5")], watches=[])
+
+    async def main() -> bool:
+        watch = PodWatch(kube, all_namespaces=True)  # type: ignore[arg-type]
+        await asyncio.wait_for(watch.ready("ml"), 5)
+        watch.release("ml")
+        await asyncio.sleep(0)
+        task = watch._scopes[None].task
+        running = task is not None and not task.done()
+        await watch.close()
+        return running
+
+    assert asyncio.run(main())

@@ -98,6 +98,8 @@ class PodIndex(Protocol):
 
     async def ready(self, namespace: str) -> None: ...
 
+    def release(self, namespace: str) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -133,12 +135,16 @@ class OperatorState:
         return self.locks.setdefault(key, asyncio.Lock())
 
     def forget(self, key: Key) -> None:
+        """The job is gone; the pod watch of its namespace stops with the namespace's last job. ``locks`` holds
+        every job reconciled since it was last forgotten (a new job's first event waits in ``pods.ready``)."""
         for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations,
                       self.expected, self.own_writes, self.written_at):
             table.pop(key, None)
         self.dirty.discard(key)
         self.drop_cached(key)
         metrics.set_job_phases(self.phases)
+        if not any(namespace == key[0] for namespace, _ in self.locks):
+            self.pods.release(key[0])
 
     def drop_cached(self, key: Key) -> None:
         """The next reconcile reads the job from the API server and parses it again."""

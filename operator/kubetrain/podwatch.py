@@ -39,6 +39,7 @@ class _Scope:
     listed: asyncio.Event = field(default_factory=asyncio.Event)
     version: str | None = None  # where the watch goes on from; None: list first
     task: asyncio.Task[None] | None = None
+    released: bool = False  # no job of the namespace is left: the watch is stopped, its pods dropped
 
 
 class PodWatch(Mapping[Key, Iterable[PodState]]):
@@ -67,14 +68,33 @@ class PodWatch(Mapping[Key, Iterable[PodState]]):
         return len(self._by_job)
 
     async def ready(self, namespace: str) -> None:
-        """Return once the namespace's pods are listed, starting its watch the first time. A watch started from
-        a kopf handler runs in a copy of its context, where kopf.event() works."""
+        """Return once the namespace's pods are listed, starting its watch the first time (again after a
+        release). A watch started from a kopf handler runs in a copy of its context, where kopf.event() works."""
         scope_name = None if self._all_namespaces else namespace
-        scope = self._scopes.get(scope_name)
+        while True:
+            scope = self._scopes.get(scope_name)
+            if scope is None:
+                log.info("watching the pods of jobs in %s", scope_name or "every namespace")
+                scope = self._scopes[scope_name] = _Scope(scope_name)
+                scope.task = asyncio.create_task(self._follow(scope), name=f"pod watch {scope_name or '(all)'}")
+            await scope.listed.wait()
+            if not scope.released:
+                return
+
+    def release(self, namespace: str) -> None:
+        """Stop watching the namespace, whose last job is gone, and drop its pods: an operator that runs for
+        months sees many short-lived namespaces (one per CI run, per user) and must not keep a watch on each.
+        A waiter in :meth:`ready` starts a fresh watch. One watch of every namespace is kept."""
+        scope = None if self._all_namespaces else self._scopes.pop(namespace, None)
         if scope is None:
-            scope = self._scopes[scope_name] = _Scope(scope_name)
-            scope.task = asyncio.create_task(self._follow(scope), name=f"pod watch {scope_name or '(all)'}")
-        await scope.listed.wait()
+            return
+        log.info("stopped watching pods in %s: its last job is gone", namespace)
+        scope.released = True
+        scope.listed.set()
+        if scope.task is not None:
+            scope.task.cancel()
+        for where in [where for where in self._job_of if where[0] == namespace]:
+            self._forget(where)
 
     async def close(self) -> None:
         tasks = [scope.task for scope in self._scopes.values() if scope.task is not None]
