@@ -3,10 +3,11 @@
 Two measures, one torchrun of 2 processes (gloo), on the bench's ``synthetic`` task (model and data built by
 the trainer's own task code, as in ``bench.trainer``'s runs):
 
-- **a plain PyTorch DDP loop**, what a user who writes DDP by hand gets at best: the same model, data and batch,
-  AdamW, fp32, batches gathered by index from memory, ``DistributedDataParallel`` with the settings the trainer
-  uses (``gradient_as_bucket_view``, ``static_graph``); no logging, metrics, checkpoints, gradient clipping or
-  agreement on loss and stop. ``trainer.ddp_vs_plain_ratio`` compares the trainer against it.
+- **a plain PyTorch DDP loop**, what a user who writes DDP by hand gets at best for the same training: the same
+  model, data and batch, AdamW, fp32, gradients clipped at the trainer's default norm, batches gathered by
+  index from memory, ``DistributedDataParallel`` with the settings the trainer uses (``gradient_as_bucket_view``,
+  ``static_graph``); no logging, metrics, checkpoints or agreement on loss and stop.
+  ``trainer.ddp_vs_plain_ratio`` compares the trainer against it.
 - **gloo's all-reduce latency** for a few floats, the model's gradients and ten times that: the floor under
   ``trainer.ddp_efficiency_2proc``.
 
@@ -51,13 +52,15 @@ def measure(env: Mapping[str, str], *, steps: int = 0, latency: bool = False,
     return {key: float(value) for key, value in json.loads(line[len("ddp-reference "):]).items()}
 
 
-def synthetic(rank: int, world: int) -> Task:
+def synthetic(rank: int, world: int) -> tuple[Task, float]:
+    """The task, and the gradient norm the trainer clips at by default."""
     config = parse_config({"trainer": {"task": "synthetic"}}, env={})
-    return synthetic_task(TaskContext(trainer=config.trainer, options={}, data_dir=Path("."), rank=rank,
+    task = synthetic_task(TaskContext(trainer=config.trainer, options={}, data_dir=Path("."), rank=rank,
                                       world_size=world, device=torch.device("cpu")))
+    return task, config.trainer.grad_clip
 
 
-def plain_loop(task: Task, steps: int) -> float:
+def plain_loop(task: Task, clip: float, steps: int) -> float:
     """Samples/s of all ranks over the steps after the first 20 %."""
     rank, world = dist.get_rank(), dist.get_world_size()
     inputs, labels = task.train_dataset.tensors  # type: ignore[attr-defined]
@@ -72,6 +75,7 @@ def plain_loop(task: Task, steps: int) -> float:
         loss = task.loss_fn(model, (inputs[index], labels[index]))
         optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
     return (steps - steps // 5) * BATCH * world / (time.perf_counter() - started)
 
@@ -106,10 +110,10 @@ def main() -> None:
     parser.add_argument("--latency", action="store_true", help="also time gloo's all-reduces")
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    task = synthetic(dist.get_rank(), dist.get_world_size())
+    task, clip = synthetic(dist.get_rank(), dist.get_world_size())
     results: dict[str, float] = {}
     if args.steps:
-        results["samples_per_s"] = plain_loop(task, args.steps)
+        results["samples_per_s"] = plain_loop(task, clip, args.steps)
         if dist.get_rank() == 0:
             print(f"plain DDP loop: {results['samples_per_s']:.0f} samples/s", flush=True)
     if args.latency:

@@ -223,10 +223,10 @@ DDP = FigureSpec(
                      "loss and stop vote; waiting for the slower rank). Near-linear DDP (ANCHORS) allows at most 10%"))
 PLAIN = FigureSpec(
     "trainer.ddp_vs_plain_ratio", "x",
-    Goal(">=", 0.95, "2 DDP processes of the trainer against a plain PyTorch DDP loop of the same model, data "
-                     "and batch with the same DDP settings (bench/ddp_reference.py): the trainer's logging, "
-                     "metrics, clipping, read-ahead and agreement on loss and stop may cost at most 5% of a "
-                     "hand-written loop"))
+    Goal(">=", 0.95, "2 DDP processes of the trainer against a plain PyTorch DDP loop of the same training "
+                     "(model, data, batch, optimizer, gradient clipping, DDP settings; bench/ddp_reference.py): "
+                     "the trainer's logging, metrics, read-ahead and agreement on loss and stop may cost at most "
+                     "5% of a hand-written loop"))
 
 
 @dataclass(frozen=True)
