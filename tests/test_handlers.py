@@ -61,8 +61,9 @@ class FakeCluster:
         self.job["metadata"]["resourceVersion"] = str(version)
         return self.job
 
-    def _create_namespaced_pod(self, _namespace: str, body: Json) -> None:
-        self.pods.append(copy.deepcopy(body))
+    def _create_namespaced_pod(self, _namespace: str, body: Json, dry_run: bool = False) -> None:
+        if not dry_run:
+            self.pods.append(copy.deepcopy(body))
 
     def _create_namespaced_service(self, _namespace: str, _body: Json) -> None:
         return None
@@ -226,6 +227,39 @@ def test_a_namespace_being_deleted_is_left_alone_after_it_refuses_a_pod(run: Any
     state.terminating[NAMESPACE] -= handlers.TERMINATING_HOLD  # long ago: a namespace of that name may be new
     run(cluster, state)
     assert "get_namespaced_custom_object" in cluster.calls[calls:]
+
+
+def refusing_new_content() -> None:
+    raise ApiError(403, "Forbidden", json.dumps({"message": "being terminated", "details": {
+        "causes": [{"reason": "NamespaceTerminating"}]}}))
+
+
+def running_gang_losing_a_pod() -> FakeCluster:
+    """A running 2-node job whose pod 0 is being deleted by someone else (a disruption)."""
+    cluster = FakeCluster(job_body(phase="Running", attempt=0, restarts=0))
+    cluster.pods = [pod(0, deleting="2026-11-01T10:06:00Z"), pod(1)]
+    for p in cluster.pods:
+        p["metadata"]["labels"]["kubetrain.io/job-uid"] = "uid-1"
+    return cluster
+
+
+def test_pods_gone_with_their_namespace_are_no_disruption(run: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Deleting a namespace deletes the pods before the job: no gang restart, no status, no event to post."""
+    cluster = running_gang_losing_a_pod()
+    cluster.faults["create_namespaced_pod"] = refusing_new_content
+    state = run(cluster)
+    assert "create_namespaced_pod" in cluster.calls  # the dry run that asked
+    assert "patch_namespaced_custom_object_status" not in cluster.calls
+    assert "delete_namespaced_pod" not in cluster.calls
+    assert warnings(caplog) == [] and state.holds(NAMESPACE) and KEY not in state.due
+
+
+def test_a_disruption_in_a_live_namespace_restarts_the_gang(run: Any) -> None:
+    cluster = running_gang_losing_a_pod()
+    run(cluster)
+    assert cluster.calls.count("create_namespaced_pod") == 1  # the dry run: nothing stored
+    assert [p["metadata"]["name"] for p in cluster.pods] == ["valid-0"]  # pod 1 deleted for the restart
+    assert cluster.job is not None and cluster.job["status"]["phase"] == "Restarting"
 
 
 class TestScrape:

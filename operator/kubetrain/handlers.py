@@ -449,6 +449,8 @@ async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: Train
     progress = await _scrape(state, key, before, pods)
     now = datetime.now(UTC)
     decision = reconcile(job, before, pods, now, progress)
+    if await _went_with_its_namespace(state, job, decision):
+        raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
     if written_first:
         await _write_status(state, job, stored, while_retrying(decision.status))
@@ -462,6 +464,17 @@ async def _decide_and_act(state: OperatorState, key: Key, body: Json, job: Train
             await _write_status(state, job, stored, while_retrying(decision.status))
         raise
     return decision
+
+
+async def _went_with_its_namespace(state: OperatorState, job: TrainingJob, decision: Decision) -> bool:
+    """Whether the pods that went from under the gang (a disruption) went with their namespace: deleting a
+    namespace removes the pods before the job. Then there is nothing to restart, and no event can be posted
+    there (kopf would retry each for a minute)."""
+    if not any(event.reason == api.Reason.DISRUPTED for event in decision.events):
+        return False
+    probe = build_pod(job, 0, int(decision.status.get("attempt", 0)), default_image=state.config.trainer_image,
+                      pod_group_scheduler=state.config.pod_group_scheduler)
+    return await state.kube.refuses_new_pods(job.namespace, probe)
 
 
 async def _report_failure(state: OperatorState, key: Key, body: Json, job: TrainingJob, stored: _Stored, *,

@@ -245,8 +245,9 @@ class _CoreV1:
     def watch_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> AsyncIterator[Json]:
         return self._rest.stream(self._path(namespace, "pods"), {**params, "watch": "true"})
 
-    async def create_namespaced_pod(self, namespace: str, body: Json) -> Json:
-        return await self._rest.request("POST", self._path(namespace, "pods"), body=body)
+    async def create_namespaced_pod(self, namespace: str, body: Json, dry_run: bool = False) -> Json:
+        params = {"dryRun": "All"} if dry_run else None
+        return await self._rest.request("POST", self._path(namespace, "pods"), params=params, body=body)
 
     async def create_namespaced_service(self, namespace: str, body: Json) -> Json:
         return await self._rest.request("POST", self._path(namespace, "services"), body=body)
@@ -363,6 +364,16 @@ class Kube:
             await self._custom.delete_namespaced_custom_object(namespace, name, propagation_policy="Background")
         except ApiError as error:
             _raise_unless_missing(error)
+
+    async def refuses_new_pods(self, namespace: str, pod: Json) -> bool:
+        """Whether the namespace is being deleted, asked the way a Role allows: a dry run of creating ``pod``
+        (nothing is stored), which the API server refuses there with NamespaceTerminating. Reading the
+        namespace would need a cluster-wide right."""
+        try:
+            await self._core.create_namespaced_pod(namespace, pod, dry_run=True)
+        except ApiError as error:
+            return error.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in error.causes
+        return False
 
     async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
         """Create a pod, a Service or a PodGroup: None when created, else the object of that name that exists.
