@@ -79,13 +79,15 @@ class ShownPods(dict[tuple[str, str], list[Any]]):
     """The pods the operator's watch has shown, by job, every namespace already listed (as PodWatch is then);
     ``released``: the namespaces whose watch the operator let go."""
 
-    released: list[str]
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.released: list[str] = []
 
     async def ready(self, namespace: str) -> None:
         return None
 
     def release(self, namespace: str) -> None:
-        self.__dict__.setdefault("released", []).append(namespace)
+        self.released.append(namespace)
 
     async def close(self) -> None:
         return None
@@ -499,12 +501,13 @@ def test_jobs_due_together_let_other_events_in_between(monkeypatch: pytest.Monke
 
 
 def test_a_namespaces_pod_watch_is_let_go_with_its_last_job() -> None:
+    pods = ShownPods()
     state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=None, http=None,  # type: ignore[arg-type]
-                                   pods=ShownPods())
+                                   pods=pods)
     for key in [("ml", "a"), ("ml", "b"), ("ci-1", "a")]:
         state.lock(key)
     state.forget(("ml", "a"))
     state.forget(("ci-1", "a"))
-    assert state.pods.__dict__.get("released") == ["ci-1"]  # "ml" still has job b
+    assert pods.released == ["ci-1"]  # "ml" still has job b
     state.forget(("ml", "b"))
-    assert state.pods.__dict__["released"] == ["ci-1", "ml"]
+    assert pods.released == ["ci-1", "ml"]

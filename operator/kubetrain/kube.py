@@ -82,6 +82,11 @@ class ApiError(Exception):
         except (TypeError, ValueError, KeyError, AttributeError):
             return set()
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """The refusal of a new object in a namespace being deleted."""
+        return self.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in self.causes
+
 
 class VersionGoneError(Exception):
     """A watch asked for a resourceVersion the API server no longer keeps (410): list again."""
@@ -372,7 +377,7 @@ class Kube:
         try:
             await self._core.create_namespaced_pod(namespace, pod, dry_run=True)
         except ApiError as error:
-            return error.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in error.causes
+            return error.namespace_terminating
         return False
 
     async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
@@ -390,7 +395,7 @@ class Kube:
         try:
             await create(namespace, body)
         except ApiError as error:
-            if error.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in error.causes:
+            if error.namespace_terminating:
                 # the namespace controller deletes the job next: nothing is wrong, and nothing to retry
                 raise NamespaceTerminatingError(f"namespace {namespace} is being deleted") from error
             if error.status != HTTP_CONFLICT:
