@@ -98,19 +98,35 @@ def test_images_build_on_a_pinned_slim_base(dockerfile: Path) -> None:
 @pytest.mark.parametrize(("dockerfile", "extra"), [(OPERATOR_DOCKERFILE, "operator"), (TRAINER_DOCKERFILE, "trainer")],
                          ids=["operator", "trainer"])
 def test_dependencies_install_before_the_sources_are_copied(dockerfile: Path, extra: str) -> None:
-    """A code change must not reinstall torch: the dependency layer sees pyproject.toml alone, its list is read
-    from pyproject.toml (no second list), and the project itself goes in last, without dependencies."""
+    """A code change must not reinstall torch: the dependency layer sees pyproject.toml alone, and its list is
+    read from pyproject.toml (no second list)."""
     pairs = instructions(dockerfile)
     runs = [i for i, (keyword, rest) in enumerate(pairs) if keyword == "RUN" and "pip install" in rest]
-    deps, project = runs
+    deps = runs[0]
     assert f'["optional-dependencies"]["{extra}"]' in pairs[deps][1]
     assert "-r requirements.txt" in pairs[deps][1]
     copies_before = [rest for keyword, rest in pairs[:deps] if keyword == "COPY"]
     assert copies_before == ["pyproject.toml ./"]
-    assert "pip install --no-deps ." in pairs[project][1]
-    for index in (deps, project):
+    for index in runs:
         assert pairs[index][1].startswith("--mount=type=cache,target=/root/.cache/pip ")
         assert "--no-cache-dir" not in pairs[index][1]
+
+
+def test_operator_image_installs_the_project_last_without_dependencies() -> None:
+    pairs = instructions(OPERATOR_DOCKERFILE)
+    runs = [rest for keyword, rest in pairs if keyword == "RUN" and "pip install" in rest]
+    assert len(runs) == 2 and "pip install --no-deps ." in runs[1]
+
+
+def test_trainer_image_copies_only_the_trainer_package_onto_the_venvs_path() -> None:
+    """Only the trainer package goes in (no project install, which would need the operator's sources), on a
+    path that a .pth file made before the dependencies adds."""
+    pairs = instructions(TRAINER_DOCKERFILE)
+    copies = [rest for keyword, rest in pairs if keyword == "COPY"]
+    assert copies == ["pyproject.toml ./", "trainer_image/kubetrain_trainer/ /opt/kubetrain/kubetrain_trainer/"]
+    venv = next(rest for keyword, rest in pairs if keyword == "RUN" and "python -m venv" in rest)
+    assert '"kubetrain_trainer.pth").write_text("/opt/kubetrain\\n")' in venv
+    assert not [rest for keyword, rest in pairs if keyword == "RUN" and "pip install --no-deps" in rest]
 
 
 def test_operator_image_copies_every_package_it_installs() -> None:
@@ -169,11 +185,10 @@ def test_image_names_are_the_ones_the_chart_and_the_operator_use() -> None:
 
 def test_the_cache_key_covers_the_dockerfile_context_and_base() -> None:
     files = oci.context_files(TRAINER_DOCKERFILE)
-    assert oci.copied_paths(TRAINER_DOCKERFILE) == [
-        "pyproject.toml", "README.md", "operator/", "trainer_image/kubetrain_trainer/",
-    ]
-    assert {"pyproject.toml", "README.md", "trainer_image/kubetrain_trainer/__main__.py",
-            "operator/kubetrain/cli.py"} <= set(files)
+    assert oci.copied_paths(TRAINER_DOCKERFILE) == ["pyproject.toml", "trainer_image/kubetrain_trainer/"]
+    assert {"pyproject.toml", "trainer_image/kubetrain_trainer/__main__.py"} <= set(files)
+    # The trainer image holds no operator code: a change to the operator must not rebuild (and re-save) torch's image.
+    assert not [f for f in files if f.startswith("operator/")]
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     key = oci.image_key("trainer", "base-a")
     assert re.fullmatch(r"[0-9a-f]{64}", key)
@@ -240,7 +255,7 @@ def test_trainer_image_imports_torch_as_uid_1000(archives: dict[str, Path]) -> N
     assert result.returncode == 0, result.stderr
     version, path = result.stdout.split()
     assert re.match(r"2\.\d+", version), version
-    assert path == "/opt/venv/lib/python3.11/site-packages/kubetrain_trainer/__init__.py"
+    assert path == "/opt/kubetrain/kubetrain_trainer/__init__.py"
 
 
 @pytest.mark.slow
