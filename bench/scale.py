@@ -140,7 +140,9 @@ class FirstPhases:
         self._changed = threading.Condition()
         self._stopped = False
         self.error: Exception | None = None
-        version = lab.lab.api.get(path)["metadata"]["resourceVersion"]
+        from tests.operator_fixtures import list_version
+
+        version = list_version(lab.lab.api, path)
         threading.Thread(target=self._follow, args=(lab, path, version), daemon=True).start()
 
     def _follow(self, lab: Cluster, path: str, version: str) -> None:

@@ -199,7 +199,7 @@ def jobs(lab: Lab, namespace: str) -> Jobs:
     return Jobs(lab, namespace)
 
 
-def _list_version(api: Rest, path: str) -> str:
+def list_version(api: Rest, path: str) -> str:
     """The list's resourceVersion; a CRD established a moment ago answers 429 until its storage is ready."""
     found: list[str] = []
 
@@ -226,7 +226,7 @@ def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
     api = jobs.lab.admin_rest()  # its own connection for the long-lived watch
     phases: list[str] = []
     stop = threading.Event()
-    version = _list_version(api, jobs.base)
+    version = list_version(api, jobs.base)
 
     def note(job: Json) -> None:
         phase = (job.get("status") or {}).get("phase")
@@ -238,7 +238,7 @@ def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
         while not stop.is_set():
             for event in api.watch(jobs.base, version, timeout_s=2):
                 if event["type"] == "ERROR":  # 410 Gone: our version was compacted; carry on from now
-                    version = _list_version(api, jobs.base)
+                    version = list_version(api, jobs.base)
                     break
                 version = event["object"]["metadata"]["resourceVersion"]
                 if event["type"] in ("ADDED", "MODIFIED"):
