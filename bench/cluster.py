@@ -83,10 +83,27 @@ class Cluster:
         self.lab.wait_service_account(name)
         return name
 
-    def delete_namespace(self, name: str) -> None:
+    def delete_namespace(self, name: str, *, until_gone: bool = False) -> None:
+        """Delete it; its pods are gone on return. ``until_gone``: also wait for the namespace controller's
+        sweep of everything else (jobs, Services, endpoints, events), which otherwise runs into the next
+        measurement and slows whichever side comes next."""
         from tests.lab.fixtures import delete_namespace
+        from tests.lab.procs import wait_for
 
         delete_namespace(self.lab, name)
+        if until_gone:
+            wait_for(lambda: not self.namespace_exists(name), 180, f"namespace {name} to be gone", interval=0.25)
+
+    def namespace_exists(self, name: str) -> bool:
+        from tests.lab.rest import ApiError
+
+        try:
+            self.lab.api.get(f"/api/v1/namespaces/{name}")
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     def pods(self, namespace: str, selector: str) -> list[Json]:
         pods: list[Json] = self.lab.api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)["items"]
