@@ -82,7 +82,7 @@ def test_job_goes_pending_running_succeeded(lab: Lab, jobs: Jobs, operator: Oper
     waited = lab.kubectl("wait", "-n", jobs.namespace, "--for=condition=Succeeded", "tj/hello", "--timeout=180s",
                          check=False, timeout=200)
     phases = record()
-    assert waited.returncode == 0, waited.stderr
+    assert waited.returncode == 0, f"{waited.stderr}; phases {phases}; status {jobs.status('hello')}"
     assert phases[0] == "Pending" and phases[-1] == "Succeeded"
     assert "Running" in phases
     status = jobs.status("hello")
