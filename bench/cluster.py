@@ -356,7 +356,7 @@ def memory_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)  # run after the other lab benchmarks: the operator has handled their jobs by now
     operator_rss = psutil.Process(lab.operator.process.pid).memory_info().rss
     bare_rss = _rss_after_import("kopf")
-    imports_rss = _rss_after_import("kopf, kubetrain.handlers, kubetrain.cli")
+    imports_rss = _rss_after_import("kopf, kubetrain.handlers, kubetrain.operator_main")
     mib = 1024 * 1024
     return [MEMORY.measured(operator_rss / bare_rss,
                             f"operator {operator_rss / mib:.0f} MiB / `import kopf` {bare_rss / mib:.0f} "
@@ -369,7 +369,7 @@ def _rss_after_import(modules: str) -> int:
     import psutil
 
     probe = subprocess.Popen(
-        # The operator blocks the kubernetes client, which kopf would import only for optional typing (cli.py).
+        # The operator blocks the kubernetes client, which kopf would import only for optional typing (memory.py).
         [sys.executable, "-c", "import sys; sys.modules.setdefault('kubernetes', None); "
                                f"import {modules}; print('ready', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,5 @@
-"""`kubetrain operator ARGS` through the real click command, stopped just before kopf starts (no tests here).
+"""`kubetrain operator ARGS` as the console script runs it (kubetrain/__main__.py), stopped just before kopf
+starts (no tests here).
 
 For tests that must know that the operator accepts and applies its arguments (the chart's among them) without
 a cluster: ``kopf.run`` and the metrics server are replaced by recorders, while ``kopf.configure`` runs for
@@ -7,16 +8,17 @@ real; the root logger it reconfigures is read and then restored.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from kubetrain import handlers
-from kubetrain.cli import main
+from kubetrain.__main__ import main
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,17 @@ class Launch:
         return self.formatters[0].format(record)
 
 
-def _unexpected(error: BaseException | None) -> str:
-    """An exception the command raised (other than click's exits), for the assertion message."""
-    return "" if error is None or isinstance(error, SystemExit) else f"\n{error!r}"
+def _run(args: Sequence[str]) -> tuple[int, str]:
+    """The exit status and the output (stdout and stderr) of `kubetrain operator ARGS`."""
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            main(["operator", *args])
+    except SystemExit as exited:
+        return (exited.code if isinstance(exited.code, int) else 1), output.getvalue()
+    except Exception as error:  # reported in the output, for the test's assertion message
+        return 1, f"{output.getvalue()}\n{error!r}"
+    return 0, output.getvalue()
 
 
 def launch_operator(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> Launch:
@@ -63,11 +73,11 @@ def launch_operator(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> Lau
     root, aio = logging.getLogger(), logging.getLogger("asyncio")
     saved = (root.level, list(root.handlers), aio.propagate, list(aio.handlers))
     try:
-        result = CliRunner().invoke(main, ["operator", *args])
+        exit_code, output = _run(args)
         added = tuple(h.formatter for h in root.handlers if h not in saved[1] and h.formatter is not None)
         return Launch(
-            exit_code=result.exit_code,
-            output=result.output + _unexpected(result.exception),
+            exit_code=exit_code,
+            output=output,
             run_kwargs=recorded.get("run"),
             metrics_port=recorded.get("port"),
             root_level=root.level,

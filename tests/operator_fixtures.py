@@ -58,7 +58,7 @@ class OperatorProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "kubetrain.cli", "operator", *self.args,
+        argv = [sys.executable, "-m", "kubetrain", "operator", *self.args,
                 f"--metrics-port={self.metrics_port}",
                 f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz"]
         if self.progress_interval is not None:

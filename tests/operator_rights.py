@@ -4,7 +4,7 @@
   client methods
   (``self._core.create_namespaced_pod``, ...). An AST scan follows them (through Kube's own helpers), so no
   code path is missed, and maps each client method to (apiGroup, resource, verb).
-- kopf's calls, as the operator configures it (``kopf.run(standalone=True, ...)`` in cli.py, the startup
+- kopf's calls, as the operator configures it (``kopf.run(standalone=True, ...)`` in operator_main.py, the startup
   handler): list and watch of every resource a handler watches (its registry); create of core/v1 events
   (``kopf.event`` and the events kopf posts for handler logs: kopf posts nothing else, and only with POST);
   list and watch of CustomResourceDefinitions (kopf's resource observer, to notice the CRD change);

@@ -10,9 +10,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kubetrain import api
-from kubetrain.cli import LOG_FORMATS, main
+from kubetrain import api, operator_main
+from kubetrain.__main__ import main as kubetrain_main
+from kubetrain.cli import main
 from kubetrain.local import plan_local_run
+from kubetrain.operator_main import LOG_FORMATS
 from kubetrain.schema import field_problems
 from kubetrain.spec import parse
 from tests.invalid_specs import base_job
@@ -175,6 +177,21 @@ def test_operator_log_formats(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_operator_rejects_unknown_logging_arguments(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     launch = launch_operator(["--all-namespaces", *args], monkeypatch)
     assert launch.exit_code == 2 and launch.run_kwargs is None, launch.output
+
+
+def test_operator_help_lists_its_options_from_either_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """The console script's dispatcher and click's `operator` command both print argparse's one definition."""
+    result = CliRunner().invoke(main, ["operator", "--help"])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(SystemExit) as exited:
+        kubetrain_main(["operator", "--help"])
+    assert exited.value.code == 0
+    for output in (result.output, capsys.readouterr().out):
+        assert output.startswith("usage: kubetrain operator")
+        words = " ".join(output.split())  # argparse wraps to the terminal's width
+        image = f"--trainer-image REF {operator_main.TRAINER_IMAGE_HELP} (default: {api.DEFAULT_TRAINER_IMAGE})"
+        assert image in words
+        assert "(default: normal)" in words and "(default: None)" not in words
 
 
 def test_run_refuses_gpus_this_machine_lacks() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,19 +12,13 @@ import yaml
 
 from kubetrain import api
 from kubetrain.manifests import build_pod_group, build_pods, build_service
-from kubetrain.memory import leave_out_what_the_operator_does_not_use
-from kubetrain.schema import Problem, field_problems
+from kubetrain.operator_main import DESCRIPTION, POD_GROUP_HELP, TRAINER_IMAGE_HELP, trainer_image_problem
+from kubetrain.schema import Problem
 from kubetrain.spec import SpecError, TrainingJob, parse, validate
 
 __all__ = ["main"]
 
 EXIT_INVALID = 2
-# `kubetrain operator --log-level`: the chart's operator.logLevel values, one for one
-# (tests/test_chart_operator_args.py keeps them equal).
-LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
-# kopf's log formats (kopf.LogFormat), by their lower-case names.
-LOG_FORMATS = ("plain", "full", "json")
-NAMESPACE_PATTERN = "*?!,"  # kopf's namespace globs: a --namespace with one of these is a pattern
 
 
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
@@ -78,25 +70,18 @@ def load_job(path: Path, namespace: str | None = None) -> TrainingJob:
 
 
 def _image_reference(_context: click.Context, _parameter: click.Parameter, value: str) -> str:
-    """The default trainer image stands in for spec.image: the same bounds apply. The built-in default meets them
-    (tests/test_cli.py): the check would load the whole CRD, 0.8 MB of an idle operator's memory."""
-    if value == api.DEFAULT_TRAINER_IMAGE:
-        return value
-    problems = field_problems("spec.image", value)
-    if problems:
-        raise click.BadParameter("; ".join(problem.message for problem in problems))
+    problem = trainer_image_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
     return value
 
 
+# render's options that the operator has too (operator_main.py defines the operator's).
 trainer_image_option = click.option(
     "--trainer-image", default=api.DEFAULT_TRAINER_IMAGE, show_default=True, metavar="REF",
-    callback=_image_reference, help="Image of the pods of jobs that leave spec.image unset.")
+    callback=_image_reference, help=TRAINER_IMAGE_HELP)
 
-pod_group_option = click.option(
-    "--pod-group-scheduler", default="", metavar="NAME",
-    help="Gang scheduling through scheduler-plugins' coscheduling: give every job a PodGroup (minMember = "
-         "its nodes) and its pods schedulerName NAME (e.g. scheduler-plugins-scheduler), unless the job sets "
-         "spec.scheduling.schedulerName. Empty: no PodGroups.")
+pod_group_option = click.option("--pod-group-scheduler", default="", metavar="NAME", help=POD_GROUP_HELP)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,62 +150,15 @@ def run_command(file: Path, workdir: Path) -> None:
     sys.exit(run_local(job, workdir, Console(soft_wrap=True)))
 
 
-@main.command("operator")
-@click.option("--namespace", "-n", "namespaces", multiple=True,
-              help="Watch this namespace (repeatable); a glob such as 'team-*' or '!kube-*' watches those that match.")
-@click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace (cluster-wide RBAC).")
-@click.option("--metrics-port", default=8080, show_default=True, help="Port of the operator's /metrics (0: off).")
-@click.option("--liveness", default="http://0.0.0.0:8081/healthz", show_default=True,
-              help="Liveness endpoint URL (empty: off).")
-@click.option("--progress-interval", default=10.0, show_default=True,
-              help="Seconds between scrapes of a running job's rank-0 metrics.")
-# --log-level first: -v shares its destination, and the last of the two on the command line wins.
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="normal", show_default=True,
-              help="quiet: warnings and errors only; verbose: every handler call; debug: asyncio's logs too.")
-@click.option("--verbose", "-v", "log_level", flag_value="verbose", help="Same as --log-level=verbose.")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="plain", show_default=True,
-              help="plain: the message (the kubelet adds timestamps); full: time, logger and level; "
-                   "json: one object per line.")
-@trainer_image_option
-@pod_group_option
-def operator_command(*, namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int, liveness: str,
-                     progress_interval: float, log_level: str, log_format: str, trainer_image: str,
-                     pod_group_scheduler: str) -> None:
-    """Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."""
-    if not namespaces and not all_namespaces:
-        raise click.UsageError("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
-    leave_out_what_the_operator_does_not_use()
-    import kopf
-    from prometheus_client import start_http_server
+# The options are operator_main's (argparse), so that the operator's process need not import click at all:
+# `kubetrain operator --help` prints them.
+@main.command("operator", help=DESCRIPTION, add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def operator_command(args: tuple[str, ...]) -> None:
+    from kubetrain.operator_main import run
 
-    from kubetrain import handlers
-
-    config = handlers.OperatorConfig(progress_interval=progress_interval, trainer_image=trainer_image,
-                                     pod_group_scheduler=pod_group_scheduler, all_namespaces=all_namespaces,
-                                     fixed_namespaces=all_namespaces or not any(set(ns) & set(NAMESPACE_PATTERN)
-                                                                                for ns in namespaces))
-    kopf.configure(debug=log_level == "debug", verbose=log_level == "verbose", quiet=log_level == "quiet",
-                   log_format=kopf.LogFormat[log_format.upper()])
-    if metrics_port:
-        start_http_server(metrics_port)
-    # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.
-    with _event_loop() as loop:
-        kopf.run(loop=loop, standalone=True, clusterwide=all_namespaces, namespaces=namespaces,
-                 liveness_endpoint=liveness or None, memo=kopf.Memo(config=config))
-
-
-@contextlib.contextmanager
-def _event_loop() -> Iterator[asyncio.AbstractEventLoop | None]:
-    """uvloop's event loop where it is installed (the operator extra installs it on Linux), else None: kopf then
-    runs asyncio's own. In a burst of 50 jobs uvloop cost the operator about 10 % less CPU, and with 1,000 jobs
-    created it peaked lower (57 against 59-60 MiB); its import costs 1.7 MiB (docs/benchmarks.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        yield None
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        yield runner.get_loop()
+    sys.exit(run(args))
 
 
 @main.command("watch")

@@ -233,7 +233,7 @@ async def scanning_needed(config: OperatorConfig, kube: Kube) -> bool:
 @kopf.on.login()
 def login_handler(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     """kopf's credentials, the same as Kube's: without a handler of our own, kopf would log in through the
-    official client, which the operator does not load (see cli.py)."""
+    official client, which the operator does not load (see memory.py)."""
     return login(settings)
 
 
