@@ -92,18 +92,8 @@ class Cluster:
 
         delete_namespace(self.lab, name)
         if until_gone:
-            wait_for(lambda: not self.namespace_exists(name), 180, f"namespace {name} to be gone", interval=0.25)
-
-    def namespace_exists(self, name: str) -> bool:
-        from tests.lab.rest import ApiError
-
-        try:
-            self.lab.api.get(f"/api/v1/namespaces/{name}")
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+            wait_for(lambda: not self.lab.api.exists(f"/api/v1/namespaces/{name}"), 180, f"namespace {name} to be gone",
+                     interval=0.25)
 
     def pods(self, namespace: str, selector: str) -> list[Json]:
         pods: list[Json] = self.lab.api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)["items"]

@@ -26,7 +26,7 @@ from tests.lab.podworker import RUN_MARKER
 from tests.lab.procs import kill_tree, wait_for
 from tests.lab.provisioner import Provisioner
 from tests.lab.realnode import RealNode, RealNodeLayout, kill_containers, remove_leftovers
-from tests.lab.rest import JSON, ApiError, Rest
+from tests.lab.rest import JSON, Rest
 from tests.lab.runpaths import shm_dirs
 from tests.lab.versions import cache_root
 
@@ -158,15 +158,8 @@ class Lab:
             for n in nodes)
 
     def wait_service_account(self, namespace: str, name: str = "default", timeout: float = 120) -> None:
-        def exists() -> bool:
-            try:
-                self.api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
-                return True
-            except ApiError as error:
-                if error.status == 404:
-                    return False
-                raise
-        wait_for(exists, timeout, f"serviceaccount {namespace}/{name}", interval=0.2)
+        wait_for(lambda: self.api.exists(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"), timeout,
+                 f"serviceaccount {namespace}/{name}", interval=0.2)
 
     # handles for tests and tools ----------------------------------------------------------------
     @property

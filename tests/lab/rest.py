@@ -49,6 +49,16 @@ class Rest:
     def get(self, path: str, **params: Any) -> JSON:
         return self.request("GET", path, params=params or None)
 
+    def exists(self, path: str) -> bool:
+        """Whether GET ``path`` finds the object (False on 404; other errors raise)."""
+        try:
+            self.get(path)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def post(self, path: str, body: JSON) -> JSON:
         return self.request("POST", path, body)
 
