@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.lab.build import ensure_binary
 from tests.lab.lab import Lab
@@ -31,6 +32,9 @@ Json = Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trainingjob-cpu.yaml"
 CLAIM = ROOT / "examples" / "storage" / "checkpoints-pvc.yaml"
+# The example's 300 steps take about 5 s here: about as long as Prometheus takes to discover the pods and
+# scrape each rank twice (2 s apart), so a rank could be scraped once. The lab runs it for 900 steps.
+MAX_STEPS = 900
 RELEASE, RELEASE_NAMESPACE = "e2e", "kubetrain-e2e"
 JOURNEY, FAULT = "e2e-journey", "e2e-fault"
 # Panels that read GPU metrics (NVML, DCGM, allocator, MFU) cannot have data on this CPU-only machine.
@@ -113,13 +117,13 @@ def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
     lab = platform.lab
     jobs = Jobs(lab, JOURNEY)
     lab.kubectl("apply", "-n", JOURNEY, "-f", str(CLAIM))  # bound by the lab's default storage class
-    lab.kubectl("apply", "-n", JOURNEY, "-f", str(EXAMPLE))
+    _apply_example(lab, JOURNEY)
     status = jobs.wait("digits", lambda s: s.get("progress", {}).get("step", 0) >= 120, "training past step 120",
                        timeout=300)
     pods = jobs.pods("digits")
     assert {p["spec"]["nodeName"] for p in pods} == set(lab.node_names), "one pod per lab node"
     assert len({p["status"]["podIP"] for p in pods}) == 2
-    assert status["progress"]["totalSteps"] == 300 and "lossText" in status["progress"]
+    assert status["progress"]["totalSteps"] == MAX_STEPS and "lossText" in status["progress"]
 
     _wait_for_two_scrapes(platform.prometheus, "digits")
     missing = _panels_without_data(platform.prometheus, JOURNEY, "digits")
@@ -128,16 +132,31 @@ def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
     assert float(ranks[0]["value"][1]) == 4, "all four ranks scraped through the PodMonitor"
 
     status = jobs.wait_phase("digits", "Succeeded", timeout=300)
-    assert status["progress"]["percent"] == 100 and status["progress"]["step"] == 300
+    assert status["progress"]["percent"] == 100 and status["progress"]["step"] == MAX_STEPS
     table = lab.kubectl("get", "tj", "-n", JOURNEY).stdout
     row = next(line for line in table.splitlines() if line.startswith("digits"))
-    assert "Succeeded" in row and "100% (300/300)" in row
+    assert "Succeeded" in row and f"100% ({MAX_STEPS}/{MAX_STEPS})" in row
     assert status["progress"]["lossText"] in row and float(status["progress"]["lossText"]) < 0.5
 
 
+def _apply_example(lab: Lab, namespace: str) -> None:
+    """`kubectl apply -f examples/trainingjob-cpu.yaml`, with only spec.trainer.maxSteps changed."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["trainer"]["maxSteps"] = MAX_STEPS
+    lab.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(job))
+
+
 def _wait_for_two_scrapes(prometheus: Prometheus, job: str) -> None:
-    """Rate panels need two scrapes in their window (15 s apart); a fast trainer reaches its step before that."""
-    prometheus.wait_for(f'min(count_over_time(trainer_step{{training_job="{job}"}}[1m])) >= 2', timeout=90)
+    """Rate panels need two scrapes in their window; a fast trainer reaches its step before that."""
+    series = f'trainer_step{{training_job="{job}"}}'
+    try:
+        prometheus.wait_for(f"min(count_over_time({series}[1m])) >= 2", timeout=90)
+    except TimeoutError as error:  # say which rank was missed, and what its target's last scrape said
+        counts = {f"{s['metric'].get('pod')}/rank {s['metric'].get('rank')}": s["value"][1]
+                  for s in prometheus.query(f"count_over_time({series}[10m])")}
+        targets = [(t["labels"].get("pod"), t["scrapePool"], t["health"], t["lastError"])
+                   for t in prometheus.targets()]
+        raise AssertionError(f"{error}; samples per rank in 10 min: {counts}; targets: {targets}") from None
 
 
 def _panels_without_data(prometheus: Prometheus, namespace: str, job: str) -> list[str]:
@@ -165,7 +184,7 @@ def test_killed_worker_resumes_from_its_checkpoint(platform: Platform) -> None:
     lab = platform.lab
     jobs = Jobs(lab, FAULT)
     lab.kubectl("apply", "-n", FAULT, "-f", str(CLAIM))
-    lab.kubectl("apply", "-n", FAULT, "-f", str(EXAMPLE))
+    _apply_example(lab, FAULT)
     status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 100,
                        "a checkpoint at step 100 or later", timeout=300)
     saved = status["lastCheckpoint"]["step"]

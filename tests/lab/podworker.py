@@ -62,6 +62,18 @@ def signal_pod(uid: str, signum: int) -> None:
             continue
 
 
+def kill_pod_processes(uid: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process of the pod and wait until they are gone.
+
+    The kubelet tears a pod's network down only after its containers stopped: a process killed while its
+    veth is being deleted can lose its connections' FIN, and a peer (gloo, NCCL) then waits on it forever.
+    """
+    signal_pod(uid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while pod_processes(uid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
 # As the kubelet: the default terminationMessagePath, and at most 4 KiB of message per container.
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE = 4096
@@ -273,7 +285,7 @@ class PodWorker:
             self.changed.wait(POLL_S)
             self.changed.clear()
         # Like a container's cgroup going away: nothing of the pod survives its main processes.
-        signal_pod(self.uid, signal.SIGKILL)
+        kill_pod_processes(self.uid)
 
     def _kill_all(self, grace: int) -> None:
         """SIGTERM every process of the pod, SIGKILL what is left after the grace period."""
@@ -281,7 +293,7 @@ class PodWorker:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(r.popen.poll() is None for r in self.runs.values()):
             time.sleep(POLL_S)
-        signal_pod(self.uid, signal.SIGKILL)
+        kill_pod_processes(self.uid)
 
     def inject_signal(self, signum: int, oom: bool = False) -> None:
         for run in self.runs.values():
