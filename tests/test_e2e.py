@@ -137,6 +137,9 @@ def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
     row = next(line for line in table.splitlines() if line.startswith("digits"))
     assert "Succeeded" in row and f"100% ({MAX_STEPS}/{MAX_STEPS})" in row
     assert status["progress"]["lossText"] in row and float(status["progress"]["lossText"]) < 0.5
+    warnings = lab.kubectl("get", "events", "-n", JOURNEY, "--field-selector",
+                           "involvedObject.kind=TrainingJob,type=Warning", "-o", "name").stdout.split()
+    assert not warnings, "a job that ran well warns of nothing (not even its trainer leaving at the end)"
 
 
 def _apply_example(lab: Lab, namespace: str) -> None:

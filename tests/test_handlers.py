@@ -22,7 +22,8 @@ from kopf._core.engines import posting
 
 from kubetrain import handlers, metrics, spec
 from kubetrain.kube import ApiError, Kube
-from kubetrain.status import Scrape, pod_state
+from kubetrain.policy import SCRAPE_RECHECK_SECONDS
+from kubetrain.status import Progress, Scrape, pod_state
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod
@@ -277,12 +278,38 @@ class TestScrape:
         status = {"phase": "Running", "attempt": 0, "restarts": 0, "startTime": "2026-11-01T10:00:00Z",
                   "runningTime": "2020-01-01T00:00:00Z", "nodes": {"desired": 2}}
         cluster = FakeCluster(job_body(**status), pods=ready)
-        run(cluster)
+        state = run(cluster)
         assert cluster.job is not None
+        assert "ProgressKnown" not in {c["type"] for c in cluster.job["status"].get("conditions", [])}, \
+            "one failed read is read again first"
+        assert state.due[KEY] - state.last_scrape[KEY] <= SCRAPE_RECHECK_SECONDS + 0.5, "looked at again by then"
+        state.last_scrape[KEY] -= SCRAPE_RECHECK_SECONDS  # the recheck is due
+        run(cluster, state)
         known = next(c for c in cluster.job["status"]["conditions"] if c["type"] == "ProgressKnown")
         assert known["status"] == "False" and known["reason"] == "ScrapeFailed"
         assert "connection refused" in known["message"]
         assert cluster.job["status"]["phase"] == "Running"  # silent for years, yet unknown is never a stall
+        assert state.failed_scrapes[KEY] == 2
+
+    def test_a_read_that_fails_once_is_not_reported(self, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A trainer that has just finished stops serving while its pod still runs."""
+        answers = iter([Scrape(error="connection refused"), Scrape(progress=Progress(step=7))])
+
+        async def refused_once(*_: Any, **__: Any) -> Scrape:
+            return next(answers)
+        monkeypatch.setattr(handlers, "fetch_progress", refused_once)
+        ready = [pod(i) for i in range(2)]
+        for p in ready:
+            p["metadata"]["labels"]["kubetrain.io/job-uid"] = "uid-1"
+            p["status"]["podIP"] = f"10.0.0.{p['metadata']['labels']['kubetrain.io/node-index']}"
+        cluster = FakeCluster(job_body(phase="Running", attempt=0, restarts=0, nodes={"desired": 2}), pods=ready)
+        state = run(cluster)
+        state.last_scrape[KEY] -= SCRAPE_RECHECK_SECONDS
+        run(cluster, state)
+        assert cluster.job is not None
+        known = next(c for c in cluster.job["status"]["conditions"] if c["type"] == "ProgressKnown")
+        assert known["status"] == "True" and cluster.job["status"]["progress"]["step"] == 7
+        assert state.failed_scrapes[KEY] == 0
 
 
 def test_the_client_methods_called_are_the_ones_derived_from_the_code(run: Any) -> None:

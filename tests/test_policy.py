@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kubetrain.policy import (
+    SCRAPE_RECHECK_SECONDS,
     ApiFailure,
     Decision,
     classify,
@@ -485,6 +486,13 @@ class TestProgressUnknown:
         assert reasons(decision) == ["ScrapeFailed"]  # once, when it was known before
         again = reconcile(job(), decision.status, states(pod(0), pod(1)), NOW, self.REFUSED)
         assert again.events == ()
+
+    def test_a_first_failed_read_is_read_again_before_it_is_reported(self) -> None:
+        """A trainer that has finished stops serving while its pod still runs: no condition, no event yet."""
+        first = Scrape(error=self.REFUSED.error, first_failure=True)
+        decision = reconcile(job(), running(conditions=[KNOWN]), states(pod(0), pod(1)), NOW, first)
+        assert condition(decision, "ProgressKnown")["status"] == "True" and decision.events == ()
+        assert decision.requeue_after == SCRAPE_RECHECK_SECONDS
 
     def test_a_program_of_its_own_that_never_reports_is_told_how_to(self) -> None:
         """The zero-code answer for spec.command: progress unknown, and why, never a made-up step."""

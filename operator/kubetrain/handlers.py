@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
 
@@ -37,6 +37,7 @@ from kubetrain.manifests import build_pod, build_pod_group, build_service, owner
 from kubetrain.memory import return_freed_memory
 from kubetrain.podwatch import PodWatch
 from kubetrain.policy import (
+    SCRAPE_RECHECK_SECONDS,
     Decision,
     Event,
     failed_reconcile,
@@ -114,6 +115,7 @@ class OperatorState:
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next look
     last_scrape: dict[Key, float] = field(default_factory=dict)
+    failed_scrapes: dict[Key, int] = field(default_factory=dict)  # consecutive failed reads of rank 0
     phases: dict[Key, str] = field(default_factory=dict)
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive failed reconciles (retry backoff)
     generations: dict[Key, int] = field(default_factory=dict)  # metadata.generation last reconciled
@@ -137,8 +139,8 @@ class OperatorState:
     def forget(self, key: Key) -> None:
         """The job is gone; the pod watch of its namespace stops with the namespace's last job. ``locks`` holds
         every job reconciled since it was last forgotten (a new job's first event waits in ``pods.ready``)."""
-        for table in (self.locks, self.due, self.last_scrape, self.phases, self.failures, self.generations,
-                      self.expected, self.own_writes, self.written_at):
+        for table in (self.locks, self.due, self.last_scrape, self.failed_scrapes, self.phases, self.failures,
+                      self.generations, self.expected, self.own_writes, self.written_at):
             table.pop(key, None)
         self.dirty.discard(key)
         self.drop_cached(key)
@@ -489,17 +491,24 @@ async def _report_failure(state: OperatorState, key: Key, body: Json, job: Train
 
 async def _scrape(state: OperatorState, key: Key, status: Mapping[str, Json],
                   pods: list[PodState]) -> Scrape | None:
-    """Rank 0's progress (or why it cannot be read), at most every progress_interval seconds, while it runs."""
+    """Rank 0's progress (or why it cannot be read), at most every progress_interval seconds, while it runs.
+
+    A first failed read is read again after SCRAPE_RECHECK_SECONDS, before the failure is reported.
+    """
     if status.get("phase") not in (api.Phase.RUNNING, api.Phase.STARTING):
         return None
-    if time.monotonic() - state.last_scrape.get(key, 0.0) < state.config.progress_interval:
+    failures = state.failed_scrapes.get(key, 0)
+    interval = SCRAPE_RECHECK_SECONDS if failures == 1 else state.config.progress_interval
+    if time.monotonic() - state.last_scrape.get(key, 0.0) < interval:
         return None
     attempt = int(status.get("attempt", 0))
     first = next((p for p in pods if p.index == 0 and p.attempt == attempt), None)
     if first is None or not first.ip or first.phase != "Running":
         return None
     state.last_scrape[key] = time.monotonic()
-    return await fetch_progress(state.http, first.ip)
+    scrape = await fetch_progress(state.http, first.ip)
+    state.failed_scrapes[key] = failures + 1 if scrape.failed else 0
+    return replace(scrape, first_failure=True) if scrape.failed and failures == 0 else scrape
 
 
 async def _act(state: OperatorState, job: TrainingJob, pods: list[PodState], decision: Decision,

@@ -51,6 +51,7 @@ from kubetrain.status import (
 )
 
 __all__ = [
+    "SCRAPE_RECHECK_SECONDS",
     "ApiFailure",
     "Decision",
     "Event",
@@ -70,6 +71,10 @@ Json = Any
 # plus this margin, the operator force-deletes it so that the next attempt can reuse the name. Only then:
 # on a node that answers, the pod's processes may still run, and the next attempt must not start beside them.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
+# A trainer that has finished stops serving while its pod still runs (torchrun's agents wait for each other,
+# the kubelet reports the exit a second later): one failed read of rank 0 is read again this much later,
+# and reported only if that fails too.
+SCRAPE_RECHECK_SECONDS = 3.0
 
 
 
@@ -213,6 +218,9 @@ def _record_scrape(draft: _Draft, scrape: Scrape) -> None:
         return
     if draft.status.get("phase") != Phase.RUNNING:
         return  # pods still starting: the trainer is not serving yet
+    if scrape.first_failure:
+        draft.requeue(SCRAPE_RECHECK_SECONDS)
+        return
     message = f"progress unknown: rank 0's metrics cannot be read ({scrape.error}); not judged a stall"
     if draft.job.spec.command is not None:  # the honest zero-code answer: the program has not reported
         message += ("; a program of its own (spec.command) serves them once it calls kubetrain_trainer.report() "

@@ -314,6 +314,8 @@ class Scrape:
 
     progress: Progress | None = None  # None when the page has no training step yet
     error: str | None = None  # connection refused, timeout, an HTTP error, a page that does not parse
+    # The read before this one succeeded: a failure is read again before it is reported (see policy).
+    first_failure: bool = False
 
     @property
     def failed(self) -> bool:
