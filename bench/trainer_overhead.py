@@ -274,8 +274,9 @@ def run_trainer_inprocess(ctx: Context, dctx: Any, *, steps: int, workers: int, 
     import torch
 
     from kubetrain_trainer.config import parse_config
-    from kubetrain_trainer.loop import StopFlag, Trainer
+    from kubetrain_trainer.loop import Trainer
     from kubetrain_trainer.metrics import TrainerMetrics, serve
+    from kubetrain_trainer.stopping import StopFlag
     from kubetrain_trainer.tasks import TaskContext, build_task
 
     directory = ctx.workdir / f"overhead-{label}-{time.monotonic_ns()}"

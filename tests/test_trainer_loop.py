@@ -17,8 +17,9 @@ import torch
 from kubetrain_trainer.config import parse_config
 from kubetrain_trainer.data import GatherLoader
 from kubetrain_trainer.distributed import DistContext, init_distributed, teardown
-from kubetrain_trainer.loop import NonFiniteLossError, StopFlag, Trainer, keep_alive
+from kubetrain_trainer.loop import NonFiniteLossError, Trainer, keep_alive
 from kubetrain_trainer.metrics import TrainerMetrics
+from kubetrain_trainer.stopping import StopFlag
 from kubetrain_trainer.tasks import TaskContext, build_task
 
 

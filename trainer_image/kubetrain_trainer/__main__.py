@@ -27,13 +27,14 @@ Exit codes (of each worker process)
 - 2: invalid configuration (a user error; retrying will not help).
 - 3: preflight failed (devices missing, peers unreachable).
 - 4: loss or gradient NaN/inf for 5 consecutive steps (each such step is skipped and counted).
+- 5: SIGTERM while blocked on a peer that is gone: no checkpoint could be agreed (see :mod:`.stopping`).
 - 143: stopped by SIGTERM after saving a checkpoint (a graceful stop, not a crash).
 
 Under torchrun the container's exit code is torchrun's: 0 when every worker exited 0, otherwise 1 (a
 SIGTERM to torchrun also ends in 1). The worker's reason is therefore also written as one JSON line to the
 Kubernetes termination message (``/dev/termination-log``, or ``KUBETRAIN_TERMINATION_LOG``) by local rank 0,
 e.g. ``{"reason": "Stopped", "exitCode": 143, "step": 1200}``; reasons: Stopped, ConfigError,
-PreflightFailed, NonFiniteLoss, Error, and Completed (exit 0, with the final loss and held-out metrics).
+PreflightFailed, NonFiniteLoss, PeerLost, Error, and Completed (exit 0, with the final loss and held-out metrics).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ import torch
 from .config import ConfigError, RunEnv, load_config
 from .distributed import PreflightError, init_distributed, preflight, teardown
 from .gpu import gpu_collector
-from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, StopFlag, log_json, train
+from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, log_json, train
 from .metrics import MetricsServer, TrainerMetrics, serve
+from .stopping import EXIT_PEER_LOST, StopFlag
 from .tasks import TaskContext, build_task
 from .termination import write_termination_message
 
@@ -85,7 +87,7 @@ def main() -> int:
     # The graceful SIGTERM handler is installed when the training loop starts; until then SIGTERM keeps its
     # default action (exit at once): there is nothing to save yet, and a process blocked in rendezvous or
     # in loading could not run a Python handler anyway.
-    stop = StopFlag()
+    stop = StopFlag(give_up=lambda step, message: _termination_message("PeerLost", EXIT_PEER_LOST, step, message))
     try:
         cfg = load_config()
         run_env = RunEnv.from_env(os.environ)

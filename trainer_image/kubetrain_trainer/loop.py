@@ -35,9 +35,10 @@ from .distributed import DistContext
 from .gpu import peak_flops
 from .metrics import TrainerMetrics
 from .parallel import StepVotes, autocast, build_optimizer, grad_sync, lr_at, to_device, wrap_model
+from .stopping import StopFlag
 from .tasks import Task
 
-__all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFiniteLossError", "StopFlag", "train"]
+__all__ = ["EXIT_NONFINITE", "EXIT_STOPPED", "MAX_CONSECUTIVE_NONFINITE", "NonFiniteLossError", "train"]
 
 EXIT_STOPPED: Final = 143  # 128 + SIGTERM: stopped on request, checkpoint saved; not a crash
 EXIT_NONFINITE: Final = 4
@@ -54,19 +55,6 @@ KILL_AT_STEP_ENV: Final = "KUBETRAIN_TEST_KILL_AT_STEP"
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-class StopFlag:
-    """Set by SIGTERM; read once per step and agreed across ranks in the step's all-reduce."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.requested = True
 
 
 def log_json(event: str, **fields: Any) -> None:
@@ -287,7 +275,7 @@ class Trainer:
                      batches_per_epoch=self.batches_per_epoch, samples_per_step=self.samples_per_step,
                      data_workers=self.stream.loader.num_workers, threads=torch.get_num_threads())
         self.model.train()
-        self.stop.install()
+        self.stop.install(m)
         consecutive_bad = 0
         self.window_start, self.window_samples = time.monotonic(), 0
         while state.step < self.total:
@@ -416,6 +404,8 @@ class Trainer:
         if tc.eval_every_steps and step % tc.eval_every_steps == 0 and step < self.total:
             self._evaluate()
         every = self.cfg.checkpoint.every_steps
+        if result.stop:
+            self.stop.agreed()
         if result.stop or (every and step % every == 0):
             self._save()
         if result.stop:
@@ -454,6 +444,7 @@ def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, st
     try:
         return trainer.run()
     finally:
+        stop.close()
         trainer.stream.close()
 
 
@@ -467,6 +458,7 @@ def _record(m: TrainerMetrics, state: TrainState, result: StepResult, *, lr: flo
     m.samples_total, m.tokens_total, m.model_flops_total = state.samples_total, state.tokens_total, state.flops_total
     m.last_step_timestamp = m.heartbeat_timestamp = time.time()
     m.step_duration.observe(step_s)
+    m.slowest_step_seconds = max(m.slowest_step_seconds, step_s)
     m.phase_seconds["data_wait"] += result.data_s
     m.phase_seconds["forward_backward"] += result.forward_backward_s
     m.phase_seconds["optimizer"] += opt_s

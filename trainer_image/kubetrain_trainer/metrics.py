@@ -174,6 +174,7 @@ class TrainerMetrics:
     mfu: float | None = None
     last_step_timestamp: float = 0.0
     heartbeat_timestamp: float = 0.0
+    slowest_step_seconds: float = 0.0  # of this process (see stopping.py)
     checkpoint_last_step: int = -1
     resumed_from_step: int = -1
     nonfinite_total: int = 0

@@ -1,0 +1,56 @@
+"""SIGTERM to a rank whose peer is gone: it gives up on a checkpoint it cannot agree on, instead of waiting out
+the pod's grace period in a collective that never ends (see kubetrain_trainer.stopping)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kubetrain.ports import free_port_range
+from kubetrain_trainer.stopping import STOP_PATIENCE_MIN_SECONDS, STOP_PATIENCE_STEPS, stop_patience
+from tests.trainer_helpers import scrape, start_trainer, stop_process_group, wait_for
+
+CONFIG = {
+    "trainer": {"task": "digits", "maxSteps": 1_000_000, "batchSize": 32, "logEverySteps": 1,
+                "optimizer": {"lr": 0.003}},
+    "data": {"workers": 0},
+    "checkpoint": {"everySteps": 0},
+}
+
+
+def test_the_patience_is_a_floor_or_a_few_of_the_slowest_steps() -> None:
+    assert stop_patience(0.0) == STOP_PATIENCE_MIN_SECONDS
+    assert stop_patience(100.0) == STOP_PATIENCE_STEPS * 100.0
+
+
+@pytest.mark.slow
+def test_a_rank_blocked_on_a_frozen_peer_exits_without_a_checkpoint_after_its_patience(tmp_path: Path) -> None:
+    """Rank 1 is frozen (SIGSTOP: its connections stay open, as a lost node's do), then rank 0 alone gets
+    SIGTERM. It is blocked in the step's all-reduce, where no Python signal handler runs: before the watchdog
+    it waited there for the 30-minute collective timeout, or the pod's grace period."""
+    port = free_port_range(2)
+    termination = tmp_path / "termination-log"
+    proc = start_trainer(CONFIG, tmp_path / "ckpt", nproc=2, metrics_port=port,
+                         extra={"KUBETRAIN_TERMINATION_LOG": str(termination)})
+    try:
+        wait_for(lambda: (s := scrape(port)) and s["trainer_step"][0][1] >= 3, 120, "training under way", proc)
+        workers = {p.environ().get("RANK"): p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if p.environ().get("RANK") is not None and p.name().startswith("python")}
+        workers["1"].send_signal(signal.SIGSTOP)
+        time.sleep(1)  # rank 0 reaches the next all-reduce and waits there
+        signalled = time.monotonic()
+        workers["0"].send_signal(signal.SIGTERM)
+        workers["0"].wait(timeout=STOP_PATIENCE_MIN_SECONDS + 30)  # torchrun's child: no exit code for us
+        waited = time.monotonic() - signalled
+    finally:
+        stop_process_group(proc)
+    assert waited < STOP_PATIENCE_MIN_SECONDS + 10, waited
+    record = json.loads(termination.read_text())
+    assert record["reason"] == "PeerLost" and record["exitCode"] == 5
+    assert "blocked on a peer that is gone" in record["message"] and record["step"] >= 3
+    assert not list((tmp_path / "ckpt").glob("step_*")), "no checkpoint was agreed, none was written"
