@@ -3,6 +3,7 @@ the pod's grace period in a collective that never ends (see kubetrain_trainer.st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -37,6 +38,7 @@ def test_a_rank_blocked_on_a_frozen_peer_exits_without_a_checkpoint_after_its_pa
     termination = tmp_path / "termination-log"
     proc = start_trainer(CONFIG, tmp_path / "ckpt", nproc=2, metrics_port=port,
                          extra={"KUBETRAIN_TERMINATION_LOG": str(termination)})
+    workers: dict[str | None, psutil.Process] = {}
     try:
         wait_for(lambda: (s := scrape(port)) and s["trainer_step"][0][1] >= 3, 120, "training under way", proc)
         workers = {p.environ().get("RANK"): p for p in psutil.Process(proc.pid).children(recursive=True)
@@ -49,6 +51,9 @@ def test_a_rank_blocked_on_a_frozen_peer_exits_without_a_checkpoint_after_its_pa
         waited = time.monotonic() - signalled
     finally:
         stop_process_group(proc)
+        for worker in workers.values():  # the frozen one above all: torchrun may have gone already
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
     assert waited < STOP_PATIENCE_MIN_SECONDS + 10, waited
     record = json.loads(termination.read_text())
     assert record["reason"] == "PeerLost" and record["exitCode"] == 5

@@ -3,6 +3,7 @@ variables, configuration in KUBETRAIN_CONFIG), parse its JSON log lines, scrape 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER_SRC = REPO / "trainer_image"
@@ -102,9 +105,14 @@ def start_trainer(config: Mapping[str, Any], ckpt: Path, *, nproc: int | None = 
 
 
 def stop_process_group(proc: subprocess.Popen[str]) -> None:
-    """Kill what a test started (its own session only), if it is still running."""
+    """Kill what a test started, if it is still running: its session, and torchrun's workers, which have
+    sessions of their own (a worker the test froze with SIGSTOP would otherwise outlive it)."""
     if proc.poll() is None:
+        workers = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
         proc.wait(timeout=30)
 
 
