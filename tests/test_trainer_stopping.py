@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import psutil
 import pytest
 
 from kubetrain.ports import free_port_range
-from kubetrain_trainer.stopping import STOP_PATIENCE_MIN_SECONDS, STOP_PATIENCE_STEPS, stop_patience
+from kubetrain_trainer.metrics import TrainerMetrics
+from kubetrain_trainer.stopping import STOP_PATIENCE_MIN_SECONDS, STOP_PATIENCE_STEPS, StopFlag, stop_patience
 from tests.trainer_helpers import scrape, start_trainer, stop_process_group, wait_for
 
 CONFIG = {
@@ -27,6 +30,24 @@ CONFIG = {
 def test_the_patience_is_a_floor_or_a_few_of_the_slowest_steps() -> None:
     assert stop_patience(0.0) == STOP_PATIENCE_MIN_SECONDS
     assert stop_patience(100.0) == STOP_PATIENCE_STEPS * 100.0
+
+
+def test_watching_takes_sigterm_then_gives_the_wakeup_fd_back_and_leaves_no_thread() -> None:
+    before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before)
+    metrics = TrainerMetrics(rank=0, local_rank=0, world_size=1)
+    flag = StopFlag()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with flag.watching(metrics):
+            assert "stop-watchdog" in {t.name for t in threading.enumerate()}
+            metrics.heartbeat_timestamp = time.time()  # a loop that shows life: the watchdog must let it be
+            os.kill(os.getpid(), signal.SIGTERM)
+            wait_for(lambda: flag.requested, 5, "the flag set by SIGTERM")
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # the flag's handler stays after training: not in pytest
+    assert "stop-watchdog" not in {t.name for t in threading.enumerate()}
+    assert signal.set_wakeup_fd(before) == before, "the previous wakeup fd is back"
 
 
 @pytest.mark.slow

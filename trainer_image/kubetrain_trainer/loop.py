@@ -275,7 +275,11 @@ class Trainer:
                      batches_per_epoch=self.batches_per_epoch, samples_per_step=self.samples_per_step,
                      data_workers=self.stream.loader.num_workers, threads=torch.get_num_threads())
         self.model.train()
-        self.stop.install(m)
+        with self.stop.watching(m):
+            return self._train()
+
+    def _train(self) -> int:
+        m, state = self.metrics, self.state
         consecutive_bad = 0
         self.window_start, self.window_samples = time.monotonic(), 0
         while state.step < self.total:
@@ -405,7 +409,7 @@ class Trainer:
             self._evaluate()
         every = self.cfg.checkpoint.every_steps
         if result.stop:
-            self.stop.agreed()
+            self.stop.agreed()  # the checkpoint below has the pod's grace period, not the watchdog's patience
         if result.stop or (every and step % every == 0):
             self._save()
         if result.stop:
@@ -444,7 +448,6 @@ def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, st
     try:
         return trainer.run()
     finally:
-        stop.close()
         trainer.stream.close()
 
 

@@ -17,13 +17,14 @@ gang always reaches its boundary first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from .metrics import TrainerMetrics
@@ -50,29 +51,30 @@ class StopFlag:
         self.requested = False
         self._give_up = give_up
         self._agreed = threading.Event()  # the ranks agreed to stop (or training ended): nothing to watch
-        self._sockets: tuple[socket.socket, socket.socket] | None = None
 
-    def install(self, metrics: TrainerMetrics) -> None:
-        """From the main thread, when the training loop starts (until then SIGTERM simply ends the process)."""
-        signal.signal(signal.SIGTERM, self._handle)
+    @contextlib.contextmanager
+    def watching(self, metrics: TrainerMetrics) -> Iterator[None]:
+        """Around the training loop, on the main thread (before it SIGTERM simply ends the process): the flag
+        and its watchdog. The flag's handler stays after it, so that a late SIGTERM still lets the process write
+        its last words; the previous wakeup fd comes back."""
         reader, writer = socket.socketpair()
         writer.setblocking(False)
-        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        self._sockets = (reader, writer)
-        threading.Thread(target=self._watch, args=(reader, metrics), name="stop-watchdog", daemon=True).start()
+        signal.signal(signal.SIGTERM, self._handle)
+        wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        watchdog = threading.Thread(target=self._watch, args=(reader, metrics), name="stop-watchdog", daemon=True)
+        watchdog.start()
+        try:
+            yield
+        finally:
+            self._agreed.set()
+            signal.set_wakeup_fd(wakeup)
+            writer.close()  # the watchdog's read ends: it returns
+            watchdog.join(timeout=5)
+            reader.close()
 
     def agreed(self) -> None:
         """Every rank agreed to stop at this step: the checkpoint is written under the pod's grace period."""
         self._agreed.set()
-
-    def close(self) -> None:
-        """Training is over: stop watching and give the signal wakeup fd back."""
-        self._agreed.set()
-        if self._sockets is not None:
-            signal.set_wakeup_fd(-1)
-            for end in self._sockets:
-                end.close()
-            self._sockets = None
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.requested = True
@@ -83,6 +85,8 @@ class StopFlag:
                 if not received:
                     return  # closed: training is over
         except OSError:
+            return
+        if self._agreed.is_set():
             return
         terminated_at = time.time()
         patience = stop_patience(metrics.slowest_step_seconds)
