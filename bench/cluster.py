@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import compileall
 import concurrent.futures
+import logging
 import os
 import shutil
 import signal
@@ -53,6 +54,7 @@ class Cluster:
         _prune_old_run_dirs(LAB_HOME)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.ctx.log(f"starting the lab (2 nodes) in {self.run_dir}")
+        self._keep_lab_log()
         started = time.monotonic()
         lab = Lab(self.run_dir, nodes=2, gpus_per_node=0)
         lab.start()  # stops what it started if it fails
@@ -66,6 +68,16 @@ class Cluster:
                                         progress_interval=None)
         self.operator.start()
         self.ctx.log(f"lab and operator up in {time.monotonic() - started:.0f} s")
+
+    def _keep_lab_log(self) -> None:
+        """The lab's own log (its kubelets: pod starts, kills, final deletes) in the run directory, for a run that
+        went wrong: the bench shows only its own progress notes."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.run_dir / "lab.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
+        lab_logger = logging.getLogger("tests.lab")
+        lab_logger.setLevel(logging.INFO)
+        lab_logger.addHandler(handler)
 
     def stop(self) -> None:
         try:
@@ -138,9 +150,10 @@ class Cluster:
     def wait_gone(self, namespace: str, selector: str, timeout: float = 60, poll: float = 0.2) -> float:
         """Poll until no pod matches ``selector`` in the API; time.monotonic() then."""
         deadline = time.monotonic() + timeout
-        while self.pods(namespace, selector):
+        while pods := self.pods(namespace, selector):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pods {selector} in {namespace} still there after {timeout} s")
+                raise TimeoutError(f"pods {selector} in {namespace} still there after {timeout} s: "
+                                   + "; ".join(_pod_summary(pod) for pod in pods) + f" (lab log: {self.run_dir})")
             time.sleep(poll)
         return time.monotonic()
 
@@ -148,6 +161,14 @@ class Cluster:
         """Every pod of ``selector`` gone from the API and its processes stopped by the kubelet."""
         self.wait_gone(namespace, selector, timeout)
         self.lab.wait_pods_stopped(namespace, timeout=timeout)
+
+
+def _pod_summary(pod: Json) -> str:
+    """A pod's name, phase, deletion time and container states: why it is not gone."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    states = ",".join(next(iter(c.get("state") or {"unknown": {}})) for c in status.get("containerStatuses", []))
+    return (f"{meta['name']} {status.get('phase', '?')}, deletionTimestamp {meta.get('deletionTimestamp', '-')}, "
+            f"containers {states or '-'}")
 
 
 def cluster(ctx: Context) -> Cluster:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import psutil
 import pytest
+import requests
 
+from tests.lab import podworker
 from tests.lab.fixtures import pod_log_text
 from tests.lab.lab import Lab
 from tests.lab.pods import get_pod, pod_manifest, terminated_state, wait_pod, wait_pod_gone
+from tests.lab.rest import ApiError
 
 pytestmark = pytest.mark.lab
 
@@ -129,3 +133,27 @@ def test_termination_message_lands_in_the_container_status(lab: Lab, namespace: 
     state = terminated_state(wait_pod(lab.api, namespace, "last-words", ("Failed",)))
     assert state["exitCode"] == 3
     assert state["message"] == '{"reason": "Done"}'
+
+
+def test_the_final_delete_is_retried_until_it_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod whose final delete is lost stays Terminating for good: the kubelet retries it, and so does the lab's.
+    (No lab needed: a worker whose API refuses twice, a reset connection then a 503.)"""
+    answers: list[Exception | None] = [requests.ConnectionError("connection reset"), ApiError(503, "busy", "DELETE"),
+                                       None]
+    calls: list[str] = []
+
+    class FlakyApi:
+        def delete(self, path: str, body: dict[str, object]) -> dict[str, object]:
+            calls.append(path)
+            if (answer := answers.pop(0)) is not None:
+                raise answer
+            return {}
+
+    worker = podworker.PodWorker.__new__(podworker.PodWorker)  # only what _delete_from_api reads
+    worker.api, worker.namespace, worker.name, worker.uid = FlakyApi(), "ns", "victim", "uid-1"  # type: ignore[assignment]
+    worker._lock, worker.deleted_from_api, worker.removed = threading.Lock(), False, False
+    monkeypatch.setattr(podworker.time, "sleep", lambda _s: None)
+    worker._delete_from_api()
+    assert calls == ["/api/v1/namespaces/ns/pods/victim"] * 3
+    worker._delete_from_api()  # once it landed, never again
+    assert len(calls) == 3

@@ -35,6 +35,7 @@ POD_MARKER = "KUBETRAIN_LAB_POD_UID"  # in every pod process's environment, to f
 RUN_MARKER = "KUBETRAIN_LAB_RUN"  # the lab's run dir, to clean up after a lab whose owner died
 OUR_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 POLL_S = 0.1
+FINAL_DELETE_ATTEMPTS = 10  # backing off from 0.4 s to 5 s: about 35 s of retries
 STATUS_RETRY_S = 120.0
 
 
@@ -121,7 +122,8 @@ class PodWorker:
         self.latest = pod
         self.changed.set()
         if self.finished.is_set() and self._deletion_requested():
-            self._delete_from_api()
+            # On a thread of its own: the final delete retries, and must not hold up the node's pod watch.
+            threading.Thread(target=self._delete_from_api, name=f"delete-{self.name}", daemon=True).start()
 
     def remove(self) -> None:
         self.removed = True
@@ -316,11 +318,22 @@ class PodWorker:
             self.deleted_from_api = True
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                 "preconditions": {"uid": self.uid}}
-        try:
-            self.api.delete(pod_path(self.namespace, self.name), body)
-        except ApiError as error:
-            if error.status not in (404, 409):
-                log.warning("pod %s/%s: final delete failed: %s", self.namespace, self.name, error)
+        # As the kubelet's status manager, retried until it lands: a pod whose final delete is lost stays in the
+        # API, Terminating, for good (nothing else removes it), and whoever waits for it to go waits forever.
+        for attempt in range(1, FINAL_DELETE_ATTEMPTS + 1):
+            try:
+                self.api.delete(pod_path(self.namespace, self.name), body)
+                log.info("pod %s/%s: deleted from the API", self.namespace, self.name)
+                return
+            except ApiError as error:
+                if error.status in (404, 409):  # gone already, or another pod of the same name
+                    return
+                failure: Exception = error
+            except requests.RequestException as error:
+                failure = error
+            log.warning("pod %s/%s: final delete failed (attempt %d): %s", self.namespace, self.name, attempt,
+                        failure)
+            time.sleep(min(0.2 * 2 ** attempt, 5.0))
 
     # status -------------------------------------------------------------------------------------
     def _container_status(self, container: JSON) -> JSON:
