@@ -86,8 +86,6 @@ class StopFlag:
                     return  # closed: training is over
         except OSError:
             return
-        if self._agreed.is_set():
-            return
         terminated_at = time.time()
         patience = stop_patience(metrics.slowest_step_seconds)
         while not self._agreed.wait(WATCH_INTERVAL_SECONDS):
