@@ -34,7 +34,7 @@ from bench.cluster import Cluster, cluster
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
 
-__all__ = ["BENCHMARKS", "PeerOperator", "pytorchjob", "trainingjob_spec"]
+__all__ = ["BENCHMARKS", "PeerOperator", "count_status_writes", "pytorchjob", "trainingjob_spec"]
 
 Json = Any
 MIB = 1024 * 1024
@@ -202,6 +202,11 @@ class Side:
         created: Json = lab.lab.api.post(f"{self.plural.format(ns=namespace)}", self.body(name, nodes, suspend))
         return created
 
+    @property
+    def resource(self) -> str:
+        """The job resource's plural name (as the API server's metrics label it)."""
+        return self.plural.rsplit("/", 1)[1]
+
     def delete(self, lab: Cluster, namespace: str, name: str) -> None:
         lab.lab.api.delete(f"{self.plural.format(ns=namespace)}/{name}")
         selector = f"{self.label}={name}"
@@ -358,6 +363,26 @@ class Burst:
     seconds: float  # from the first create to every pod Running
     rss: int | None = None  # the operator's then
     cpu_s: float | None = None  # CPU seconds the operator used meanwhile
+    status_writes: int | None = None  # of its jobs' status, as the API server counted them
+
+
+def status_writes(lab: Cluster, resource: str) -> int:
+    """Writes of the status of ``resource`` the API server has served so far (see count_status_writes)."""
+    rest = lab.lab.api
+    answer = rest.session.get(f"{rest.server}/metrics", verify=rest.verify, timeout=rest.timeout)
+    answer.raise_for_status()
+    return count_status_writes(answer.text, resource)
+
+
+def count_status_writes(exposition: str, resource: str) -> int:
+    """PATCHes and PUTs of ``resource``'s status subresource (whatever their answer) in the API server's
+    ``apiserver_request_total``, from its metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return int(sum(sample.value for family in text_string_to_metric_families(exposition)
+                   if family.name == "apiserver_request" for sample in family.samples
+                   if sample.name == "apiserver_request_total" and sample.labels.get("resource") == resource
+                   and sample.labels.get("subresource") == "status" and sample.labels.get("verb") in ("PATCH", "PUT")))
 
 
 def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> Burst:
@@ -368,6 +393,7 @@ def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> Burst:
         ctx.log(f"peer: burst of {jobs} two-pod jobs, {key}")
         clock = PodClock(lab, namespace, side.label if side else "bench.kubetrain.io/plain", 2 * jobs)
         cpu0 = side.cpu_s() if side else 0.0
+        writes0 = status_writes(lab, side.resource) if side else 0
         t0 = time.monotonic()
         for number in range(jobs):
             if side is None:
@@ -378,7 +404,7 @@ def burst(ctx: Context, lab: Cluster, side: Side | None, jobs: int) -> Burst:
         _, running = clock.wait(timeout=300)
         if side is None:
             return Burst(running - t0)
-        return Burst(running - t0, side.rss(), side.cpu_s() - cpu0)
+        return Burst(running - t0, side.rss(), side.cpu_s() - cpu0, status_writes(lab, side.resource) - writes0)
     finally:
         lab.delete_namespace(namespace, until_gone=True)
 
@@ -475,6 +501,7 @@ def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figu
     rounds = 1 if ctx.quick else 5  # an odd count: the median is one round's, outliers drop out
     seconds: dict[str, list[float]] = {"kubetrain": [], "kubeflow": [], "plain": []}
     cpu: dict[str, list[float]] = {"kubetrain": [], "kubeflow": []}
+    writes: dict[str, list[int]] = {"kubetrain": [], "kubeflow": []}
     rss: dict[str, int] = {}
     for number in range(rounds):
         order: list[Side | None] = [*both, None] if number % 2 else [*reversed(both), None]
@@ -484,11 +511,14 @@ def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figu
             if side is not None and measured.rss is not None and measured.cpu_s is not None:
                 rss[side.key] = max(rss.get(side.key, 0), measured.rss)
                 cpu[side.key].append(measured.cpu_s)
+            if side is not None and measured.status_writes is not None:
+                writes[side.key].append(measured.status_writes)
     pods = 2 * BURST_JOBS
     rate = {key: pods / median(values) for key, values in seconds.items()}
     # Each round's ratio, of two bursts minutes apart at most: a slow spell of the machine weighs on both.
     pairs = list(zip(seconds["kubetrain"], seconds["kubeflow"], strict=True))
     paired = median([theirs / ours for ours, theirs in pairs])
+    per_job = {key: median(counts) / BURST_JOBS for key, counts in writes.items()}
     rounds_s = "; ".join(f"{ours:.1f}/{theirs:.1f}" for ours, theirs in pairs)
     return [
         BURST.measured(paired,
@@ -496,9 +526,11 @@ def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figu
                        f"{rate['kubeflow']:.1f} pods/s ({median(seconds['kubeflow']):.1f} s), median of the rounds' "
                        f"ratios (s: {rounds_s}); plain client {rate['plain']:.1f} pods/s "
                        f"({median(seconds['plain']):.1f} s); {pods} pods, {rounds} round(s); operator CPU "
-                       f"{median(cpu['kubetrain']):.1f} s / {median(cpu['kubeflow']):.1f} s",
+                       f"{median(cpu['kubetrain']):.1f} s / {median(cpu['kubeflow']):.1f} s; status writes per job "
+                       f"{per_job['kubetrain']:.2f} / {per_job['kubeflow']:.2f}",
                        kubetrain_pods_per_s=rate["kubetrain"], kubeflow_pods_per_s=rate["kubeflow"],
-                       plain_pods_per_s=rate["plain"]),
+                       plain_pods_per_s=rate["plain"], kubetrain_status_writes_per_job=per_job["kubetrain"],
+                       kubeflow_status_writes_per_job=per_job["kubeflow"]),
         _rss_figure(RSS_BURST, rss, "after the burst"),
     ]
 

@@ -360,6 +360,19 @@ def _steps(ctx: Context) -> int:
     return 150 if ctx.quick else 200  # about 2.5 / 3.5 s per run at BATCH 256 on one idle core
 
 
+@dataclass
+class _OverheadRuns:
+    """What the interleaved rounds of overhead_bench measured."""
+
+    trainer: list[StepTime] = field(default_factory=list)
+    bare: list[StepTime] = field(default_factory=list)
+    cpu_ratios: list[float] = field(default_factory=list)
+    wall_ratios: list[float] = field(default_factory=list)
+    shares: list[float] = field(default_factory=list)  # data-wait share with 2 workers
+    inline_shares: list[float] = field(default_factory=list)  # the same, loading inline
+    scrapes: int = 0
+
+
 def overhead_bench(ctx: Context) -> list[Figure]:
     # Rounds of (trainer, bare loop) and, every other round, the trainer with 2 workers; the order rotates
     # from round to round so that neither side always runs first or right after the loader processes
@@ -370,21 +383,14 @@ def overhead_bench(ctx: Context) -> list[Figure]:
     rounds = 3 if ctx.quick else 4
     steps = _steps(ctx)
     warmup = math.ceil(WARMUP_FRACTION * steps / LOG_EVERY) * LOG_EVERY  # the trainer's first timed line
-    cpu_ratios: list[float] = []
-    wall_ratios: list[float] = []
-    trainer_times: list[StepTime] = []
-    bare_times: list[StepTime] = []
-    shares: list[float] = []
-    inline_shares: list[float] = []
-    scrapes = 0
+    runs = _OverheadRuns()
     with _one_thread(), _process_group() as dctx:
         def trainer_side(times: dict[str, StepTime]) -> None:
-            nonlocal scrapes
             result = run_trainer_inprocess(ctx, dctx, steps=steps, workers=0, label="w0")
             times["trainer"] = result.step
             if result.delta is not None:
-                inline_shares.append(data_wait_share(result.delta))
-            scrapes += result.scrapes
+                runs.inline_shares.append(data_wait_share(result.delta))
+            runs.scrapes += result.scrapes
 
         def bare_side(times: dict[str, StepTime]) -> None:
             import torch
@@ -398,7 +404,7 @@ def overhead_bench(ctx: Context) -> list[Figure]:
                                            scrape_every_s=PHASE_SCRAPE_EVERY_S)
             if result.delta is None:
                 raise RuntimeError(f"no scrape landed past warm-up and before the end ({result.scrapes} scrapes)")
-            shares.append(data_wait_share(result.delta))
+            runs.shares.append(data_wait_share(result.delta))
 
         for round_ in range(rounds):
             times: dict[str, StepTime] = {}
@@ -410,29 +416,34 @@ def overhead_bench(ctx: Context) -> list[Figure]:
             for name, side in sides[shift:] + sides[:shift]:
                 ctx.log(f"round {round_ + 1}/{rounds}: {name}")
                 side(times)
-            cpu_ratios.append(ratio(times["trainer"].cpu_s, times["bare"].cpu_s))
-            wall_ratios.append(ratio(times["trainer"].wall_s, times["bare"].wall_s))
-            trainer_times.append(times["trainer"])
-            bare_times.append(times["bare"])
-    figure = ratio(min(t.cpu_s for t in trainer_times), min(b.cpu_s for b in bare_times))
-    t_cpu, b_cpu = median([t.cpu_s for t in trainer_times]), median([t.cpu_s for t in bare_times])
-    t_wall, b_wall = median([t.wall_s for t in trainer_times]), median([t.wall_s for t in bare_times])
+            runs.cpu_ratios.append(ratio(times["trainer"].cpu_s, times["bare"].cpu_s))
+            runs.wall_ratios.append(ratio(times["trainer"].wall_s, times["bare"].wall_s))
+            runs.trainer.append(times["trainer"])
+            runs.bare.append(times["bare"])
+    return _overhead_figures(runs, rounds=rounds, steps=steps, warmup=warmup)
+
+
+def _overhead_figures(runs: _OverheadRuns, *, rounds: int, steps: int, warmup: int) -> list[Figure]:
+    best_trainer, best_bare = min(t.cpu_s for t in runs.trainer), min(b.cpu_s for b in runs.bare)
+    t_cpu, b_cpu = median([t.cpu_s for t in runs.trainer]), median([t.cpu_s for t in runs.bare])
+    t_wall, b_wall = median([t.wall_s for t in runs.trainer]), median([t.wall_s for t in runs.bare])
     return [
         STEP_RATIO.measured(
-            figure, f"CPU time per step, best of {rounds} interleaved runs each: trainer "
-                    f"{min(t.cpu_s for t in trainer_times) * 1e3:.2f} ms / bare loop "
-                    f"{min(b.cpu_s for b in bare_times) * 1e3:.2f} ms; per-round ratios "
-                    f"{' '.join(f'{r:.3f}' for r in cpu_ratios)} (median {median(cpu_ratios):.3f}, medians "
-                    f"{t_cpu * 1e3:.2f} / {b_cpu * 1e3:.2f} ms); wall clock medians {t_wall * 1e3:.2f} / "
-                    f"{b_wall * 1e3:.2f} ms, ratios {' '.join(f'{r:.3f}' for r in wall_ratios)}; synthetic MLP, "
-                    f"batch {BATCH}, AdamW, DDP world 1, 1 thread, steps {warmup}-{steps}, {scrapes} scrapes",
-            trainer_cpu_ms=t_cpu * 1e3, bare_cpu_ms=b_cpu * 1e3, median_ratio=median(cpu_ratios),
-            wall_ratio=median(wall_ratios)),
+            ratio(best_trainer, best_bare),
+            f"CPU time per step, best of {rounds} interleaved runs each: trainer {best_trainer * 1e3:.2f} ms / bare "
+            f"loop {best_bare * 1e3:.2f} ms; per-round ratios {' '.join(f'{r:.3f}' for r in runs.cpu_ratios)} "
+            f"(median {median(runs.cpu_ratios):.3f}, medians {t_cpu * 1e3:.2f} / {b_cpu * 1e3:.2f} ms); wall "
+            f"clock medians {t_wall * 1e3:.2f} / {b_wall * 1e3:.2f} ms, ratios "
+            f"{' '.join(f'{r:.3f}' for r in runs.wall_ratios)}; synthetic MLP, batch {BATCH}, AdamW, DDP world 1, "
+            f"1 thread, steps {warmup}-{steps}, {runs.scrapes} scrapes",
+            trainer_cpu_ms=t_cpu * 1e3, bare_cpu_ms=b_cpu * 1e3, median_ratio=median(runs.cpu_ratios),
+            wall_ratio=median(runs.wall_ratios)),
         DATA_WAIT.measured(
-            median(shares), f"data_wait / step time, from the endpoint, data.workers 2, median of {len(shares)} runs "
-                            f"({' '.join(f'{s:.2f}' for s in shares)}); 0 workers (loading inline) "
-                            + (f"{median(inline_shares):.1f}%" if inline_shares else "n/a")
-                            + "; in-memory data: gathered a batch at a time in the process, read ahead on a thread"),
+            median(runs.shares),
+            f"data_wait / step time, from the endpoint, data.workers 2, median of {len(runs.shares)} runs "
+            f"({' '.join(f'{s:.2f}' for s in runs.shares)}); 0 workers (loading inline) "
+            + (f"{median(runs.inline_shares):.1f}%" if runs.inline_shares else "n/a")
+            + "; in-memory data: gathered a batch at a time in the process, read ahead on a thread"),
     ]
 
 

@@ -179,6 +179,28 @@ def test_peer_runs_with_its_best_settings_on_free_ports(tmp_path: Path) -> None:
     assert len(ports) == 2 and all(p.isdigit() and p not in {"8080", "8081"} for p in ports)
 
 
+def test_a_bursts_status_writes_are_counted_from_the_api_servers_requests() -> None:
+    from bench.peer import count_status_writes
+
+    def line(verb: str, resource: str, subresource: str, code: str, value: float) -> str:
+        return (f'apiserver_request_total{{code="{code}",component="apiserver",dry_run="",group="g",'
+                f'resource="{resource}",scope="resource",subresource="{subresource}",verb="{verb}",'
+                f'version="v1"}} {value}')
+    exposition = "\n".join([
+        "# HELP apiserver_request_total Counter of apiserver requests.",
+        "# TYPE apiserver_request_total counter",
+        line("PATCH", "trainingjobs", "status", "200", 120),
+        line("PATCH", "trainingjobs", "status", "409", 3),  # refused writes cost the API server too
+        line("PUT", "trainingjobs", "status", "200", 2),
+        line("PATCH", "trainingjobs", "", "200", 50),  # the spec: not a status write
+        line("GET", "trainingjobs", "status", "200", 7),
+        line("PUT", "pytorchjobs", "status", "200", 101),
+    ]) + "\n"
+    assert count_status_writes(exposition, "trainingjobs") == 125
+    assert count_status_writes(exposition, "pytorchjobs") == 101
+    assert count_status_writes(exposition, "jobs") == 0
+
+
 def test_peer_suspension_and_object_counts_read_both_kinds() -> None:
     from collections import Counter
 

@@ -73,8 +73,10 @@ OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles 
 # deletes them meanwhile), instead of each pod's deletion starting a restart the API server refuses.
 TERMINATING_HOLD = 30.0
 # Seconds a status change of only counts, messages or progress waits to fold into the next (a gang's pods
-# starting one by one make one write, not one each); see policy.may_wait.
-STATUS_COALESCE = 1.0
+# starting one by one make one write, not one each); see policy.may_wait. With 1 s, a burst of 50 two-pod jobs
+# made 118-142 status writes (Pending, then Starting, then Running), each about 10-15 ms of the API server's
+# CPU; with 2 s, 100-108, as many as Kubeflow's training operator made (docs/benchmarks.md).
+STATUS_COALESCE = 2.0
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
 

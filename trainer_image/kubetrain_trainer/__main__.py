@@ -82,6 +82,19 @@ def _arguments_answered(argv: list[str]) -> int | None:
     return EXIT_CONFIG
 
 
+def _report_end(code: int, metrics: TrainerMetrics) -> None:
+    """The termination message of a run that ended by itself (Completed) or on SIGTERM (Stopped)."""
+    if code == EXIT_STOPPED:
+        _termination_message("Stopped", code, metrics.step, "SIGTERM: checkpoint saved")
+        return
+    evals = {"evalLoss": metrics.eval_loss} if metrics.eval_loss is not None else {}
+    # Where this attempt resumed: the operator may never have scraped a short attempt.
+    resumed = {"resumedFromStep": metrics.resumed_from_step} if metrics.resumed_from_step >= 0 else {}
+    _termination_message("Completed", code, metrics.step, f"loss {metrics.loss_last:.4g}",
+                         loss=metrics.loss_last, **resumed,
+                         **evals, **{f"eval{k[:1].upper()}{k[1:]}": v for k, v in metrics.eval_metrics.items()})
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # The graceful SIGTERM handler is installed when the training loop starts; until then SIGTERM keeps its
@@ -121,15 +134,7 @@ def main() -> int:
                                       device=ctx.device))
         torch.manual_seed(cfg.trainer.seed + ctx.rank)
         code = train(cfg, ctx, task, metrics, stop)
-        if code == EXIT_STOPPED:
-            _termination_message("Stopped", code, metrics.step, "SIGTERM: checkpoint saved")
-        else:
-            evals = {"evalLoss": metrics.eval_loss} if metrics.eval_loss is not None else {}
-            # Where this attempt resumed: the operator may never have scraped a short attempt.
-            resumed = {"resumedFromStep": metrics.resumed_from_step} if metrics.resumed_from_step >= 0 else {}
-            _termination_message("Completed", code, metrics.step, f"loss {metrics.loss_last:.4g}",
-                                 loss=metrics.loss_last, **resumed,
-                                 **evals, **{f"eval{k[:1].upper()}{k[1:]}": v for k, v in metrics.eval_metrics.items()})
+        _report_end(code, metrics)
         return code
     except ConfigError as exc:
         print(f"kubetrain-trainer: invalid configuration: {exc}", file=sys.stderr)
