@@ -33,6 +33,7 @@ class Seen:
     content_type: str
     authorization: str
     body: Json
+    user_agent: str = ""
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Server:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         text = await request.text()
         self.seen.append(Seen(request.method, request.path, dict(request.query), request.content_type,
-                              request.headers.get("Authorization", ""), json.loads(text) if text else None))
+                              request.headers.get("Authorization", ""), json.loads(text) if text else None,
+                              request.headers.get("User-Agent", "")))
         status, body = self.answers.pop(0)
         if not isinstance(body, Chunks):
             return web.json_response(body, status=status)
@@ -189,6 +191,14 @@ def test_an_orphaned_pod_is_adopted_with_a_patch() -> None:
     assert (patch.method, patch.path, patch.content_type) == (
         "PATCH", "/api/v1/namespaces/ns/pods/p", "application/strategic-merge-patch+json")
     assert patch.body == {"metadata": {"ownerReferences": [{"uid": "u"}]}}
+
+
+def test_the_operator_names_itself_to_the_api_server_also_after_a_new_login() -> None:
+    """The API server takes the User-Agent (up to the "/") as the field manager of what a request writes: the
+    pods' and jobs' managedFields say kubetrain-operator, not aiohttp's "Python"."""
+    unauthorized = (401, status_body(401, "Unauthorized"))
+    _, server = against([unauthorized, (200, {"metadata": {}})], lambda k: k.get_job("ns", "j"), tokens=["old", "new"])
+    assert [s.user_agent for s in server.seen] == [f"kubetrain-operator/{api.RELEASE}"] * 2
 
 
 def test_a_401_logs_in_again_once() -> None:

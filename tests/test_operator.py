@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kubetrain import api
 from tests.lab.fixtures import delete_namespace
 from tests.lab.images import exec_only_image
 from tests.lab.lab import Lab
@@ -93,6 +94,8 @@ def test_job_goes_pending_running_succeeded(lab: Lab, jobs: Jobs, operator: Oper
     pods = jobs.pods("hello")
     assert {p["metadata"]["name"] for p in pods} == {"hello-0", "hello-1"}
     assert all(p["metadata"]["ownerReferences"][0]["name"] == "hello" for p in pods)
+    managers = {m["manager"] for p in pods for m in p["metadata"]["managedFields"]}
+    assert api.OPERATOR_COMPONENT in managers, f"the API server names the pods' writer: {managers}"
     assert "trained" in lab.pod_log(jobs.namespace, "hello-1").read_text()
     events = jobs.events("hello")
     assert {"PodsCreated", "AllPodsRunning", "AllPodsSucceeded"} <= {e["reason"] for e in events}

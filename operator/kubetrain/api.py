@@ -47,10 +47,14 @@ PLURAL: Final = "trainingjobs"
 SINGULAR: Final = "trainingjob"
 SHORT_NAME: Final = "tj"
 DEFAULT_MANAGED_BY: Final = "kubetrain.io/operator"
+# Who the operator is to the API server: the source of its Events, and the User-Agent of its requests, which the
+# API server takes (up to the "/") as the field manager of what it writes (aiohttp's default made that "Python").
+OPERATOR_COMPONENT: Final = "kubetrain-operator"
+# The release: tests/test_image_names.py keeps it equal to the chart's appVersion.
+RELEASE: Final = "0.1.0"
 # The image of jobs that leave spec.image unset, unless the operator is started with another one
-# (`kubetrain operator --trainer-image`; the chart passes its `trainer.image`). Its tag is the release:
-# tests/test_image_names.py keeps it equal to the chart's appVersion.
-DEFAULT_TRAINER_IMAGE: Final = "kubetrain/trainer:0.1.0"
+# (`kubetrain operator --trainer-image`; the chart passes its `trainer.image`). Its tag is the release.
+DEFAULT_TRAINER_IMAGE: Final = f"kubetrain/trainer:{RELEASE}"
 
 # Ports inside every pod. The trainer serves metrics on METRICS_PORT + local rank.
 RENDEZVOUS_PORT: Final = 29400

@@ -74,7 +74,7 @@ OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles 
 TERMINATING_HOLD = 30.0
 # Seconds a status change of only counts, messages or progress waits to fold into the next (a gang's pods
 # starting one by one make one write, not one each); see policy.may_wait. With 1 s, a burst of 50 two-pod jobs
-# made 118-142 status writes (Pending, then Starting, then Running), each about 10-15 ms of the API server's
+# made 118-142 status writes (Pending, then Starting, then Running), each 10-18 ms of the API server's
 # CPU; with 2 s, 100-108, as many as Kubeflow's training operator made (docs/benchmarks.md).
 STATUS_COALESCE = 2.0
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
@@ -200,7 +200,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.persistence.diffbase_storage = _NoDiffBase()
     # Events on our own objects say who posted them.
-    settings.posting.reporting_component = "kubetrain-operator"
+    settings.posting.reporting_component = api.OPERATOR_COMPONENT
     logging.getLogger("kopf.objects").addFilter(_NoSuccessLines())
     # kopf keeps a worker per object for idle_timeout (5 s) after its last event, holding that event's body:
     # 1,000 jobs created in 10 s kept nearly all of them alive at once, and the memory freed afterwards stayed

@@ -156,10 +156,14 @@ class _Rest:
     def __init__(self, login: Login, connections: int) -> None:
         self._login = login
         self._info = login()
-        self._headers = self._info.as_http_headers()
+        self._headers = self._user_agent(self._info.as_http_headers())
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
+
+    @staticmethod
+    def _user_agent(headers: Mapping[str, str]) -> dict[str, str]:
+        return {**headers, "User-Agent": f"{api.OPERATOR_COMPONENT}/{api.RELEASE}"}
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -194,7 +198,7 @@ class _Rest:
         async with self._open_for_watches().get(url, params=params, headers=headers) as response:
             if response.status >= HTTP_ERRORS:
                 if response.status == HTTP_UNAUTHORIZED:
-                    self._headers = self._login().as_http_headers()
+                    self._headers = self._user_agent(self._login().as_http_headers())
                 raise ApiError(response.status, response.reason or "", await response.text())
             # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
             pending = b""
@@ -214,7 +218,7 @@ class _Rest:
                                             data=data, headers=headers) as response:
                 text = await response.text()
                 if response.status == HTTP_UNAUTHORIZED and attempt == 0:
-                    self._headers = self._login().as_http_headers()
+                    self._headers = self._user_agent(self._login().as_http_headers())
                     continue
                 if response.status >= HTTP_ERRORS:
                     raise ApiError(response.status, response.reason or "", text)
