@@ -138,8 +138,9 @@ def test_user_journey_from_kubectl_apply_to_grafana(platform: Platform) -> None:
     assert "Succeeded" in row and f"100% ({MAX_STEPS}/{MAX_STEPS})" in row
     assert status["progress"]["lossText"] in row and float(status["progress"]["lossText"]) < 0.5
     warnings = lab.kubectl("get", "events", "-n", JOURNEY, "--field-selector",
-                           "involvedObject.kind=TrainingJob,type=Warning", "-o", "name").stdout.split()
-    assert not warnings, "a job that ran well warns of nothing (not even its trainer leaving at the end)"
+                           "involvedObject.kind=TrainingJob,type=Warning", "--no-headers",
+                           "-o", "custom-columns=REASON:.reason,MESSAGE:.message").stdout.splitlines()
+    assert not warnings, f"a job that ran well warns of nothing (not even its trainer leaving at the end): {warnings}"
 
 
 def _apply_example(lab: Lab, namespace: str) -> None:

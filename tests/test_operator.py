@@ -83,7 +83,8 @@ def test_job_goes_pending_running_succeeded(lab: Lab, jobs: Jobs, operator: Oper
     waited = lab.kubectl("wait", "-n", jobs.namespace, "--for=condition=Succeeded", "tj/hello", "--timeout=180s",
                          check=False, timeout=200)
     phases = record()
-    assert waited.returncode == 0, f"{waited.stderr}; phases {phases}; status {jobs.status('hello')}"
+    assert waited.returncode == 0, (f"{waited.stderr}; phases {phases}; status {jobs.status('hello')}; "
+                                    f"the operator's log ends: {operator.log()[-3000:]}")
     assert phases[0] == "Pending" and phases[-1] == "Succeeded"
     assert "Running" in phases
     status = jobs.status("hello")
