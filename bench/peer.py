@@ -508,10 +508,10 @@ def burst_figures(ctx: Context, lab: Cluster, both: Sequence[Side]) -> list[Figu
         for side in order:
             measured = burst(ctx, lab, side, BURST_JOBS)
             seconds[side.key if side else "plain"].append(measured.seconds)
-            if side is not None and measured.rss is not None and measured.cpu_s is not None:
+            if (side is not None and measured.rss is not None and measured.cpu_s is not None
+                    and measured.status_writes is not None):
                 rss[side.key] = max(rss.get(side.key, 0), measured.rss)
                 cpu[side.key].append(measured.cpu_s)
-            if side is not None and measured.status_writes is not None:
                 writes[side.key].append(measured.status_writes)
     pods = 2 * BURST_JOBS
     rate = {key: pods / median(values) for key, values in seconds.items()}

@@ -46,6 +46,8 @@ NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects 
 # Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
 CONNECT_TIMEOUT = 10
 REQUEST_TIMEOUT = 60
+# The API server takes a request's User-Agent (up to the "/") as the field manager of what it writes.
+USER_AGENT = f"{api.OPERATOR_COMPONENT}/{api.RELEASE}"
 # A watch: the API server ends it after WATCH_SECONDS (it is then resumed); silence for longer than
 # WATCH_READ_TIMEOUT is a connection that died unseen (bookmarks come every minute or so).
 WATCH_SECONDS = 300
@@ -150,20 +152,24 @@ def _relative_to_kubeconfig(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
     return dataclasses.replace(info, **changes) if changes else info
 
 
+def _headers(info: kopf.ConnectionInfo) -> dict[str, str]:
+    return {**info.as_http_headers(), "User-Agent": USER_AGENT}
+
+
 class _Rest:
     """JSON over HTTP to the API server; one session, made on first use (in the operator's event loop)."""
 
     def __init__(self, login: Login, connections: int) -> None:
         self._login = login
         self._info = login()
-        self._headers = self._user_agent(self._info.as_http_headers())
+        self._headers = _headers(self._info)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
 
-    @staticmethod
-    def _user_agent(headers: Mapping[str, str]) -> dict[str, str]:
-        return {**headers, "User-Agent": f"{api.OPERATOR_COMPONENT}/{api.RELEASE}"}
+    def _log_in_again(self) -> None:
+        """A 401: the token was rotated (a service account's, by the kubelet); read the credentials again."""
+        self._headers = _headers(self._login())
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -198,7 +204,7 @@ class _Rest:
         async with self._open_for_watches().get(url, params=params, headers=headers) as response:
             if response.status >= HTTP_ERRORS:
                 if response.status == HTTP_UNAUTHORIZED:
-                    self._headers = self._user_agent(self._login().as_http_headers())
+                    self._log_in_again()
                 raise ApiError(response.status, response.reason or "", await response.text())
             # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
             pending = b""
@@ -218,7 +224,7 @@ class _Rest:
                                             data=data, headers=headers) as response:
                 text = await response.text()
                 if response.status == HTTP_UNAUTHORIZED and attempt == 0:
-                    self._headers = self._user_agent(self._login().as_http_headers())
+                    self._log_in_again()
                     continue
                 if response.status >= HTTP_ERRORS:
                     raise ApiError(response.status, response.reason or "", text)
