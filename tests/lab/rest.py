@@ -38,10 +38,14 @@ class Rest:
     def request(self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None,
                 content_type: str = "application/json") -> JSON:
         data = None if body is None else json.dumps(body)
-        response = self.session.request(
-            method, self.server + path, data=data, params=params, timeout=self.timeout, verify=self.verify,
-            headers={"Content-Type": content_type, "Accept": "application/json"},
-        )
+        try:
+            response = self.session.request(
+                method, self.server + path, data=data, params=params, timeout=self.timeout, verify=self.verify,
+                headers={"Content-Type": content_type, "Accept": "application/json"},
+            )
+        except requests.RequestException as error:  # the same kind of error, naming the request that failed
+            raise type(error)(f"{method} {path}: {error}", request=error.request,
+                              response=error.response) from error
         if response.status_code >= 400:
             raise ApiError(response.status_code, response.text, f"{method} {path}")
         return dict(response.json()) if response.content else {}
