@@ -32,6 +32,7 @@ Json = Any
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "trainingjobs.kubetrain.io.yaml"
 POLL_S = 0.05
+DELETE_COLLECTION_TIMEOUT_S = 120.0  # seconds for one request deleting many pods (see Cluster.delete_pods)
 SLEEPER = "import time; time.sleep(600)"  # a worker that runs until it is stopped
 RUN_DIR_PREFIX = "bench-"
 
@@ -145,7 +146,10 @@ class Cluster:
 
     def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods of ``selector`` at once (not waiting for the garbage collector)."""
-        self.lab.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
+        # The API server deletes a collection one pod at a time before it answers: 512 pods took over the
+        # client's 15 s in a slow spell of this machine (the 15:26 full run lost a figure to it).
+        self.lab.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector},
+                             timeout=DELETE_COLLECTION_TIMEOUT_S)
 
     def wait_gone(self, namespace: str, selector: str, timeout: float = 60, poll: float = 0.2) -> float:
         """Poll until no pod matches ``selector`` in the API; time.monotonic() then."""

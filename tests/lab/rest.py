@@ -36,11 +36,13 @@ class Rest:
         self.session.mount("https://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64))
 
     def request(self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None,
-                content_type: str = "application/json") -> JSON:
+                content_type: str = "application/json", timeout: float | None = None) -> JSON:
+        """One request; ``timeout`` (seconds) overrides the client's for requests that take long by nature."""
         data = None if body is None else json.dumps(body)
         try:
             response = self.session.request(
-                method, self.server + path, data=data, params=params, timeout=self.timeout, verify=self.verify,
+                method, self.server + path, data=data, params=params, timeout=timeout or self.timeout,
+                verify=self.verify,
                 headers={"Content-Type": content_type, "Accept": "application/json"},
             )
         except requests.RequestException as error:  # the same kind of error, naming the request that failed
