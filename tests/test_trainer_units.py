@@ -282,7 +282,8 @@ def test_other_ranks_serve_their_own_series_and_leave_the_job_wide_ones_to_rank_
 
 def test_the_exposition_is_written_as_prometheus_client_writes_it() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+    from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                        InfoMetricFamily)
 
     from kubetrain_trainer.exposition import number, render_families
 
@@ -290,17 +291,23 @@ def test_the_exposition_is_written_as_prometheus_client_writes_it() -> None:
         assert number(v) == __import__("prometheus_client.utils").utils.floatToGoString(v), v
     gauge = GaugeMetricFamily("g", 'doc with \\ and\nnewline', labels=["b", "a"])
     gauge.add_metric(["x", 'quote " back \\ nl \n'], 2.5)
+    gauge.add_metric(["y", "plain"], math.inf)  # same label names, nothing to escape: the family's one template
+    gauge.add_metric(["z", "back \\"], 1e-9)
     counter = CounterMetricFamily("c", "a counter", labels=["a"])
     counter.add_metric(["1"], 3.0)
+    # Samples of one family with two sets of label names (buckets carry le, the sum and count do not)
+    histogram = HistogramMetricFamily("h", "a histogram", labels=["rank"])
+    histogram.add_metric(["0"], [("0.5", 1.0), ("+Inf", 3.0)], 2.5)
     info = InfoMetricFamily("i", "info (written by the reference writer)", value={"k": "v"})
+    families = [gauge, counter, histogram, info]
 
     class Collector:
         def collect(self) -> list[object]:
-            return [gauge, counter, info]
+            return families
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())  # type: ignore[arg-type]
-    assert render_families([gauge, counter, info]) == generate_latest(registry).decode()
+    assert render_families(families) == generate_latest(registry).decode()
 
 
 # --- checkpoints (one process, no process group) --------------------------------------------------------

@@ -10,7 +10,6 @@ operator.
 from __future__ import annotations
 
 import gzip
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -22,22 +21,18 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Prometheus's text format names a few types differently from the OpenMetrics names metric objects carry.
 _TYPE_NAMES: Final = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
                       "unknown": "untyped", "untyped": "untyped"}
+_NON_FINITE: Final = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 
 
 def number(value: float) -> str:
     """A sample value as prometheus-client writes it (Go's notation): ``42.0``, ``1.2e+06``, ``+Inf``, ``NaN``."""
-    d = float(value)
-    if d == math.inf:
-        return "+Inf"
-    if d == -math.inf:
-        return "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    text = repr(d)
+    text = repr(float(value))
     dot = text.find(".")
-    if d > 0 and dot > 6:  # Go switches to an exponent sooner than Python
+    if dot > 6 and text[0] != "-":  # Go switches to an exponent sooner than Python (positive values only)
         mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
+    if dot < 0:  # inf, nan, or already an exponent (1e-09)
+        return _NON_FINITE.get(text, text)
     return text
 
 
@@ -65,16 +60,41 @@ def render_families(families: Iterable[Any]) -> str:
     out: list[str] = []
     for family in families:
         kind = _TYPE_NAMES.get(family.type)
-        if kind is None or any(s.name.endswith(("_created", "_gsum", "_gcount")) for s in family.samples):
+        if kind is None or (kind != "gauge" and any(s.name.endswith("_created") for s in family.samples)):
             # info, stateset, gauge histograms, created timestamps: rare; the reference writer knows them
             out.append(_reference_text(family))
             continue
         exposed = family.name + "_total" if kind == "counter" else family.name
         out.append(header(exposed, kind, family.documentation))
+        labels_of = _LabelWriter()
         for s in family.samples:
             stamp = "" if s.timestamp is None else f" {int(float(s.timestamp) * 1000):d}"
-            out.append(f"{s.name}{label_text(s.labels)} {number(s.value)}{stamp}\n")
+            out.append(f"{s.name}{labels_of(s.labels)} {number(s.value)}{stamp}\n")
     return "".join(out)
+
+
+class _LabelWriter:
+    """:func:`label_text` for the samples of one family, which nearly always share their label names: the
+    sorted names are formatted once into a template per set of names, and the values checked for characters
+    to escape all at once (a few microseconds per series less, which is most of a 500-series scrape)."""
+
+    def __init__(self) -> None:
+        self._templates: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+
+    def __call__(self, labels: Mapping[str, str]) -> str:
+        if not labels:
+            return ""
+        names = tuple(labels)
+        known = self._templates.get(names)
+        if known is None:
+            ordered = tuple(sorted(names))
+            known = self._templates[names] = (ordered, "{" + ",".join(f'{k}="%s"' for k in ordered) + "}")
+        ordered, template = known
+        values = tuple([labels[k] for k in ordered])
+        joined = "".join(values)
+        if "\\" in joined or '"' in joined or "\n" in joined:
+            values = tuple([_escape(v) for v in values])
+        return template % values
 
 
 def _reference_text(family: Any) -> str:
