@@ -130,8 +130,9 @@ def gone(cluster: FakeCluster) -> Callable[[], None]:
 def run(caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
     """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards. Every status
-    change is written at once (unless a test sets STATUS_COALESCE again)."""
+    change is written at once (unless a test sets STATUS_COALESCE or STARTING_COALESCE again)."""
     monkeypatch.setattr(handlers, "STATUS_COALESCE", 0.0)
+    monkeypatch.setattr(handlers, "STARTING_COALESCE", 0.0)
     kube = Kube(lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"), connections=2)  # never connects
     caplog.set_level(logging.DEBUG)
 
@@ -376,6 +377,7 @@ def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
 
 def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handlers, "STATUS_COALESCE", 60.0)
+    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)
 
     async def not_yet(*_: Any, **__: Any) -> Scrape:
         return Scrape(error="connection refused")
@@ -396,6 +398,26 @@ def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, m
     run(cluster, state)  # all running: Running, written at once
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes + 1
     assert cluster.job is not None and cluster.job["status"]["phase"] == "Running"
+
+
+def test_pods_placed_and_starting_wait_longer_than_other_changes(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)  # STATUS_COALESCE stays 0: nothing else waits
+
+    async def not_yet(*_: Any, **__: Any) -> Scrape:
+        return Scrape(error="connection refused")
+    monkeypatch.setattr(handlers, "fetch_progress", not_yet)
+    cluster = FakeCluster(job_body())
+    state = run(cluster)  # creates the pods, writes Pending
+    for p in cluster.pods:
+        p["status"] = {"phase": "Pending"}
+        p["spec"]["nodeName"] = "node-1"
+    writes = cluster.calls.count("patch_namespaced_custom_object_status")
+    state = run(cluster, state)  # placed: Starting waits for the longer window
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
+    assert cluster.job is not None and cluster.job["status"]["phase"] == "Pending"
+    assert state.written_at[KEY] + 1 < state.due[KEY] <= state.written_at[KEY] + 60, "looked at again by then"
+    assert handlers._coalescing({"phase": "Starting"}, {"phase": "Starting", "message": "1/2"}) == 0.0
+    assert handlers._coalescing({"phase": "Pending"}, {"phase": "Starting"}) == 60.0
 
 
 def job_event(state: handlers.OperatorState, body: Json) -> None:

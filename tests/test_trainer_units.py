@@ -282,8 +282,7 @@ def test_other_ranks_serve_their_own_series_and_leave_the_job_wide_ones_to_rank_
 
 def test_the_exposition_is_written_as_prometheus_client_writes_it() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                        InfoMetricFamily)
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
     from kubetrain_trainer.exposition import number, render_families
 
@@ -299,7 +298,7 @@ def test_the_exposition_is_written_as_prometheus_client_writes_it() -> None:
     histogram = HistogramMetricFamily("h", "a histogram", labels=["rank"])
     histogram.add_metric(["0"], [("0.5", 1.0), ("+Inf", 3.0)], 2.5)
     info = InfoMetricFamily("i", "info (written by the reference writer)", value={"k": "v"})
-    families = [gauge, counter, histogram, info]
+    families: list[object] = [gauge, counter, histogram, info]
 
     class Collector:
         def collect(self) -> list[object]:

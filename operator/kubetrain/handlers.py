@@ -77,6 +77,11 @@ TERMINATING_HOLD = 30.0
 # made 118-142 status writes (Pending, then Starting, then Running), each 10-18 ms of the API server's
 # CPU; with 2 s, 100-108, as many as Kubeflow's training operator made (docs/benchmarks.md).
 STATUS_COALESCE = 2.0
+# The step from Pending to Starting (the pods are placed and start) waits longer: on a node that has the image
+# they run within seconds, and the write that says Running is then the only one. With 2 s, a slow spell's peer
+# burst wrote Starting for most jobs (2.70 status writes per job against Kubeflow's 2.08); kubetrain's bursts
+# alone made 100-120 writes for 50 jobs with 2 s and 99-100 with 5 s (docs/benchmarks.md).
+STARTING_COALESCE = 5.0
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
 
@@ -408,11 +413,17 @@ async def _reconcile(state: OperatorState, key: Key, logger: HandlerLogger) -> N
             raise  # retried with backoff by _reconcile_measured, as the status now says
         await _act(state, job, pods, decision, logger)  # failed for good: stop what runs of the gang
     status = recovered(job, decision.status, datetime.now(UTC))
-    write_by = state.written_at.get(key, -math.inf) + STATUS_COALESCE
+    write_by = state.written_at.get(key, -math.inf) + _coalescing(stored.status, status)
     deferred = may_wait(stored.status, status) and time.monotonic() < write_by
     if not deferred:
         await _write_status(state, job, stored, status)
     _schedule(state, key, decision, write_by=write_by if deferred else None)
+
+
+def _coalescing(before: Mapping[str, Json], after: Mapping[str, Json]) -> float:
+    """Seconds after the last write that a change which may wait (policy.may_wait) is held back at most."""
+    starting = (before.get("phase"), after.get("phase")) == (api.Phase.PENDING, api.Phase.STARTING)
+    return STARTING_COALESCE if starting else STATUS_COALESCE
 
 
 def _parsed(state: OperatorState, key: Key, body: Json) -> TrainingJob:
