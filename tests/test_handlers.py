@@ -375,10 +375,9 @@ def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
     assert state.reconciles - passes == 2, "one pass, then one more"
 
 
-def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "STATUS_COALESCE", 60.0)
-    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)
-
+def _placed(run: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCluster, handlers.OperatorState, int]:
+    """A new job's pods created (Pending written), then placed on a node: the cluster, the operator's state after
+    the reconcile that saw them placed, and the status writes before it. Its rank 0 is never read."""
     async def not_yet(*_: Any, **__: Any) -> Scrape:
         return Scrape(error="connection refused")
     monkeypatch.setattr(handlers, "fetch_progress", not_yet)
@@ -388,7 +387,13 @@ def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, m
         p["status"] = {"phase": "Pending"}
         p["spec"]["nodeName"] = "node-1"
     writes = cluster.calls.count("patch_namespaced_custom_object_status")
-    state = run(cluster, state)  # scheduled: Starting, which may wait too
+    return cluster, run(cluster, state), writes
+
+
+def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "STATUS_COALESCE", 60.0)
+    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)
+    cluster, state, writes = _placed(run, monkeypatch)  # scheduled: Starting, which may wait too
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
     cluster.pods[0]["status"] = pod(0)["status"]
     state = run(cluster, state)  # one more pod running: waits
@@ -402,17 +407,7 @@ def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, m
 
 def test_pods_placed_and_starting_wait_longer_than_other_changes(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)  # STATUS_COALESCE stays 0: nothing else waits
-
-    async def not_yet(*_: Any, **__: Any) -> Scrape:
-        return Scrape(error="connection refused")
-    monkeypatch.setattr(handlers, "fetch_progress", not_yet)
-    cluster = FakeCluster(job_body())
-    state = run(cluster)  # creates the pods, writes Pending
-    for p in cluster.pods:
-        p["status"] = {"phase": "Pending"}
-        p["spec"]["nodeName"] = "node-1"
-    writes = cluster.calls.count("patch_namespaced_custom_object_status")
-    state = run(cluster, state)  # placed: Starting waits for the longer window
+    cluster, state, writes = _placed(run, monkeypatch)  # placed: Starting waits for the longer window
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
     assert cluster.job is not None and cluster.job["status"]["phase"] == "Pending"
     assert state.written_at[KEY] + 1 < state.due[KEY] <= state.written_at[KEY] + 60, "looked at again by then"

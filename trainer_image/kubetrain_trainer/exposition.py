@@ -38,16 +38,39 @@ def number(value: float) -> str:
 
 
 def _escape(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return value
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+# Per set of label names (a family's samples nearly always share theirs, and a process has few sets): the
+# values in sorted order, picked by one itemgetter, and the text they fill in. Label text was most of a
+# 500-series scrape's time when each sample sorted and formatted its own.
+_LABEL_FORMS: dict[tuple[str, ...], tuple[Callable[[Mapping[str, str]], tuple[str, ...]], str]] = {}
 
 
 def label_text(labels: Mapping[str, str]) -> str:
     """``{a="x",b="y"}`` with names sorted (as prometheus-client writes them), or ``""`` without labels."""
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+    names = tuple(labels)
+    form = _LABEL_FORMS.get(names)
+    if form is None:
+        ordered = sorted(names)
+        form = _LABEL_FORMS[names] = (_picker(ordered), "{" + ",".join(f'{k}="%s"' for k in ordered) + "}")
+    pick, template = form
+    values = pick(labels)
+    joined = "".join(values)  # one check for characters to escape, for all the values
+    if "\\" in joined or '"' in joined or "\n" in joined:
+        values = tuple(map(_escape, values))
+    return template % values
+
+
+def _picker(ordered: list[str]) -> Callable[[Mapping[str, str]], tuple[str, ...]]:
+    """The values of the ``ordered`` labels, as a tuple (``itemgetter`` picks several at once, in C)."""
+    if len(ordered) == 1:
+        only = ordered[0]
+        return lambda labels: (labels[only],)
+    several: Callable[[Mapping[str, str]], tuple[str, ...]] = itemgetter(*ordered)
+    return several
 
 
 def header(name: str, kind: str, doc: str) -> str:
@@ -67,44 +90,10 @@ def render_families(families: Iterable[Any]) -> str:
             continue
         exposed = family.name + "_total" if kind == "counter" else family.name
         out.append(header(exposed, kind, family.documentation))
-        labels_of = _LabelWriter()
         for s in family.samples:
             stamp = "" if s.timestamp is None else f" {int(float(s.timestamp) * 1000):d}"
-            out.append(f"{s.name}{labels_of(s.labels)} {number(s.value)}{stamp}\n")
+            out.append(f"{s.name}{label_text(s.labels)} {number(s.value)}{stamp}\n")
     return "".join(out)
-
-
-class _LabelWriter:
-    """:func:`label_text` for the samples of one family, which nearly always share their label names: per set
-    of names, the values are picked in sorted order by one ``itemgetter`` and formatted into one template, and
-    checked for characters to escape all at once (label text was most of a 500-series scrape's time)."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[str, ...], tuple[Callable[[Mapping[str, str]], tuple[str, ...]], str]] = {}
-
-    def __call__(self, labels: Mapping[str, str]) -> str:
-        if not labels:
-            return ""
-        names = tuple(labels)
-        known = self._known.get(names)
-        if known is None:
-            ordered = sorted(names)
-            known = self._known[names] = (_picker(ordered), "{" + ",".join(f'{k}="%s"' for k in ordered) + "}")
-        pick, template = known
-        values = pick(labels)
-        joined = "".join(values)
-        if "\\" in joined or '"' in joined or "\n" in joined:
-            values = tuple(map(_escape, values))
-        return template % values
-
-
-def _picker(ordered: list[str]) -> Callable[[Mapping[str, str]], tuple[str, ...]]:
-    """The values of the ``ordered`` labels, as a tuple (``itemgetter`` picks several at once, in C)."""
-    if len(ordered) == 1:
-        only = ordered[0]
-        return lambda labels: (labels[only],)
-    several: Callable[[Mapping[str, str]], tuple[str, ...]] = itemgetter(*ordered)
-    return several
 
 
 def _reference_text(family: Any) -> str:
