@@ -230,8 +230,10 @@ PLAIN = FigureSpec(
 
 
 # One round's trainer-against-plain ratio strays by up to 10 % here (34.8k against 38.2k samples/s in one round,
-# 40.3k against 40.4k in the next): with 2 rounds the best of each still read 0.89-0.93 twice on 2026-12-02.
-SCALING_ROUNDS = 3
+# 40.3k against 40.4k in the next): with 2 rounds the best of each still read 0.89-0.93 twice on 2026-12-02, and
+# with 3 the 20:41 full run read 0.912 (rounds 22.6k/23.4k 29.4k/32.3k 29.3k/24.9k: one side's best was a lucky
+# round). 5 rounds give each side more chances at an undisturbed run, for about 100 s more.
+SCALING_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -267,16 +269,17 @@ def _pair(ctx: Context) -> float:
 
 
 def _measure_scaling(ctx: Context) -> Scaling:
-    # Interleaved (1, 2, pair, plain, 1, 2, pair, plain): a slow spell of the machine then hits every side, not
-    # one; the best of each is the run least disturbed by the machine's other work.
+    # Interleaved (1, pair, 2, plain, 1, pair, 2, plain): a slow spell of the machine then hits every side, not
+    # one; the best of each is the run least disturbed by the machine's other work. The trainer's 2 DDP processes
+    # and the plain loop they are held against run back to back.
     from bench import ddp_reference
 
     pairs: list[float] = []
     references: list[dict[str, float]] = []
     for count in range(1, _repeats(ctx, SCALING_ROUNDS) + 1):
         _ensure_runs(ctx, "base", count, nproc=1)
-        _ensure_runs(ctx, "ddp2", count, nproc=2)
         pairs.append(_pair(ctx))
+        _ensure_runs(ctx, "ddp2", count, nproc=2)
         ctx.log("a plain PyTorch DDP loop" + (" and gloo's all-reduce latency" if count == 1 else ""))
         references.append(ddp_reference.measure(torchrun_env(), steps=_steps(ctx), latency=count == 1))
     plains = [r["samples_per_s"] for r in references]
