@@ -7,9 +7,9 @@
 - kopf's calls, as the operator configures it (``kopf.run(standalone=True, ...)`` in operator_main.py, the startup
   handler): list and watch of every resource a handler watches (its registry); create of core/v1 events
   (``kopf.event`` and the events kopf posts for handler logs: kopf posts nothing else, and only with POST);
-  list and watch of CustomResourceDefinitions (kopf's resource observer, to notice the CRD change);
-  list and watch of namespaces when the operator is given ``--namespace`` patterns (kopf's namespace observer
-  resolves globs; with ``--all-namespaces`` it reads no namespaces). No peering objects: standalone.
+  list and watch of CustomResourceDefinitions (kopf's resource observer, to notice the CRD change). No
+  namespaces: with ``--namespace`` patterns kopf watches jobs cluster-wide and the operator matches them
+  (operator_main.namespace_patterns). No peering objects: standalone.
 """
 
 from __future__ import annotations
@@ -128,7 +128,5 @@ def operator_rules() -> set[Rule]:
     return {client_rule(method) for method in client_methods_used()} | kopf_rules()
 
 
-# Cluster-scoped: kopf's resource observer lists and watches CRDs; its namespace observer resolves
-# `--namespace` patterns (the cluster-wide role serves them too: the lab's operator runs `--namespace=test-*`).
+# Cluster-scoped: kopf's resource observer lists and watches CRDs.
 DISCOVERY_RULES: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
-NAMESPACE_RULES: set[Rule] = {("", "namespaces", verb) for verb in ("list", "watch")}

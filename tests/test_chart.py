@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kubetrain.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
-from tests.operator_rights import DISCOVERY_RULES, NAMESPACE_RULES, operator_rules
+from tests.operator_rights import DISCOVERY_RULES, operator_rules
 from tests.test_chart_support import (
     CHART,
     CI_VALUES,
@@ -320,7 +320,7 @@ def test_trainer_image_tag_and_digest_reach_the_operator() -> None:
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_does() -> None:
     docs = render()
     role = one(docs, "ClusterRole")
-    assert rule_set(role) == JOB_RULES | DISCOVERY_RULES | NAMESPACE_RULES
+    assert rule_set(role) == JOB_RULES | DISCOVERY_RULES
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

@@ -490,16 +490,32 @@ class _Discovery:
         return self.serves
 
 
-@pytest.mark.parametrize(("fixed", "serves", "needed"), [
-    (True, True, False),  # all or named namespaces, the CRD installed: no watch of CRDs and namespaces
-    (True, False, True),  # the CRD comes later: kopf's watch of CRDs starts serving it then
-    (True, ApiError(503, "Service Unavailable", ""), True),  # cannot tell: the watch stays
-    (False, True, True),  # --namespace 'team-*': kopf watches namespaces to find them
+@pytest.mark.parametrize(("serves", "needed"), [
+    (True, False),  # the CRD installed: no watch of CRDs
+    (False, True),  # the CRD comes later: kopf's watch of CRDs starts serving it then
+    (ApiError(503, "Service Unavailable", ""), True),  # cannot tell: the watch stays
 ])
-def test_kopf_watches_crds_and_namespaces_only_when_it_needs_to(fixed: bool, serves: bool | Exception,
-                                                                needed: bool) -> None:
-    config = handlers.OperatorConfig(fixed_namespaces=fixed)
-    assert asyncio.run(handlers.scanning_needed(config, _Discovery(serves))) is needed  # type: ignore[arg-type]
+def test_kopf_watches_crds_only_when_it_needs_to(serves: bool | Exception, needed: bool) -> None:
+    assert asyncio.run(handlers.scanning_needed(_Discovery(serves))) is needed  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("patterns", "namespace", "served"), [
+    ((), "anything", True),  # all namespaces, or named ones: kopf watches only those
+    (("team-*",), "team-a", True),
+    (("team-*",), "teams", False),
+    (("team-*",), "other-team-a", False),
+    (("team-a", "ml-*"), "team-a", True),  # a name beside a pattern is matched as itself
+    (("team-a", "ml-*"), "team-b", False),
+    (("!kube-*",), "default", True),  # exclusions only: every other namespace
+    (("!kube-*",), "kube-system", False),
+    (("team-*, !team-tmp-*",), "team-tmp-1", False),
+    (("team-*, !team-tmp-*",), "team-prod", True),
+    (("team-*,!team-tmp-*", "team-tmp-keep"), "team-tmp-keep", True),  # another value may include it
+    (("Team-*",), "team-a", False),  # names are lower case; globs match case by case
+])
+def test_namespace_patterns_pick_the_jobs_the_operator_serves(patterns: tuple[str, ...], namespace: str,
+                                                              served: bool) -> None:
+    assert handlers.OperatorConfig(namespace_patterns=patterns).serves(namespace) is served
 
 
 def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(

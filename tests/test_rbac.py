@@ -16,7 +16,6 @@ import pytest
 from kubetrain import api
 from tests.operator_rights import (
     DISCOVERY_RULES,
-    NAMESPACE_RULES,
     OPERATOR,
     client_methods_used,
     client_rule,
@@ -70,7 +69,7 @@ def test_only_kube_py_talks_to_the_api_in_the_operator() -> None:
 
 def test_cluster_wide_role_grants_exactly_what_the_code_calls() -> None:
     granted = rules(one(render(), "ClusterRole"))
-    expected = operator_rules() | DISCOVERY_RULES | NAMESPACE_RULES
+    expected = operator_rules() | DISCOVERY_RULES
     assert granted - expected == set(), "granted but never called"
     assert expected - granted == set(), "called but not granted"
 

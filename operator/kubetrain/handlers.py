@@ -12,6 +12,7 @@ it with backoff, and the job's status and events say what failed.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import math
 import time
@@ -95,8 +96,23 @@ class OperatorConfig:
     resync_interval: float = 30.0  # every job is reconciled at least this often
     api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
     pod_group_scheduler: str = ""  # a coscheduling scheduler's name: each job gets a PodGroup, its pods that name
-    fixed_namespaces: bool = True  # all namespaces, or named ones: no pattern that needs kopf to watch namespaces
+    # --namespace values when one is a pattern: kopf then watches jobs cluster-wide and these pick ours.
+    namespace_patterns: tuple[str, ...] = ()
     all_namespaces: bool = False  # pods are watched cluster-wide (one watch), else namespace by namespace
+
+    def serves(self, namespace: str) -> bool:
+        """Whether this operator reconciles the jobs of ``namespace`` (kopf watches only such, unless patterns)."""
+        return not self.namespace_patterns or any(matches_namespace(namespace, p) for p in self.namespace_patterns)
+
+
+def matches_namespace(namespace: str, pattern: str) -> bool:
+    """``pattern``: comma-separated globs, ``!`` before those that exclude. A namespace matches when no excluding
+    glob does and an including one does (a pattern of exclusions only, such as ``!kube-*``, includes the rest)."""
+    globs = [glob.strip() for glob in pattern.split(",") if glob.strip()]
+    including = [glob for glob in globs if not glob.startswith("!")] or ["*"]
+    excluding = [glob[1:] for glob in globs if glob.startswith("!")]
+    return (any(fnmatch.fnmatchcase(namespace, glob) for glob in including)
+            and not any(fnmatch.fnmatchcase(namespace, glob) for glob in excluding))
 
 
 class PodIndex(Protocol):
@@ -216,7 +232,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # _reconcile_measured); this only covers errors of kopf's own machinery.
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     kube = Kube(lambda: login(settings), connections=config.api_connections)
-    settings.scanning.disabled = not await scanning_needed(config, kube)
+    settings.scanning.disabled = not await scanning_needed(kube)
     pods = PodWatch(kube, all_namespaces=config.all_namespaces)
     state = OperatorState(config=config, kube=kube, http=aiohttp.ClientSession(), pods=pods)
     pods.on_change(lambda key: _pods_changed(state, key))
@@ -225,13 +241,12 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     asyncio.get_running_loop().call_later(STARTUP_TRIM_DELAY, return_freed_memory)
 
 
-async def scanning_needed(config: OperatorConfig, kube: Kube) -> bool:
-    """Whether kopf must watch the cluster's CRDs and namespaces: to find namespaces by a pattern, or to start
-    serving TrainingJobs when their CRD appears. Otherwise it need not: it would hold a watch on every CRD, whole
-    objects (a large CRD is megabytes of schema), and the operator's RSS grew 3.4 MiB (51 to 54) when another
-    operator's CRDs were installed. A CRD installed later, or unreadable discovery, keeps the watch on."""
-    if not config.fixed_namespaces:
-        return True
+async def scanning_needed(kube: Kube) -> bool:
+    """Whether kopf must watch the cluster's CRDs: to start serving TrainingJobs when their CRD appears.
+    Otherwise it need not: it would hold a watch on every CRD, whole objects (a large CRD is megabytes of
+    schema), and the operator's RSS grew 3.4 MiB (51 to 54) when another operator's CRDs were installed. A CRD
+    installed later, or unreadable discovery, keeps the watch on. (kopf never watches namespaces here: see
+    OperatorConfig.namespace_patterns.)"""
     try:
         return not await kube.serves_jobs()
     except Exception as error:  # cannot tell now: kopf's watch finds the CRD when it can
@@ -256,7 +271,13 @@ async def cleanup(memo: Any, **_: Any) -> None:
     await state.kube.close()
 
 
-@kopf.on.event(*JOB)
+def _served(namespace: str | None, memo: Any, **_: Any) -> bool:
+    """kopf's filter of job events: with --namespace patterns it watches every namespace, and this picks ours."""
+    state: OperatorState = memo["state"]
+    return state.config.serves(namespace or "")
+
+
+@kopf.on.event(*JOB, when=_served)
 async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any,
                       logger: HandlerLogger, **kwargs: Any) -> None:
     state: OperatorState = memo["state"]

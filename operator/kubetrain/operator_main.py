@@ -54,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
     shown = " (default: %(default)s)"
     options.add_argument("--namespace", "-n", dest="namespaces", action="append", default=[], metavar="NS",
                          help="Watch this namespace (repeatable); a glob such as 'team-*' or '!kube-*' watches "
-                              "those that match.")
+                              "those that match, and comma-separated globs combine: 'team-*,!team-tmp-*' (patterns "
+                              "need the cluster-wide role: the operator then reads jobs in every namespace).")
     options.add_argument("--all-namespaces", "-A", action="store_true",
                          help="Watch every namespace (cluster-wide RBAC).")
     options.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
@@ -91,11 +92,10 @@ def run(argv: Sequence[str]) -> int:
     from kubetrain import handlers
 
     namespaces = tuple(args.namespaces)
-    patterns = any(set(namespace) & set(NAMESPACE_PATTERN) for namespace in namespaces)
+    patterns = namespace_patterns(namespaces, args.all_namespaces)
     config = handlers.OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
                                      pod_group_scheduler=args.pod_group_scheduler,
-                                     all_namespaces=args.all_namespaces,
-                                     fixed_namespaces=args.all_namespaces or not patterns)
+                                     all_namespaces=args.all_namespaces, namespace_patterns=patterns)
     level = args.log_level
     kopf.configure(debug=level == "debug", verbose=level == "verbose", quiet=level == "quiet",
                    log_format=kopf.LogFormat[args.log_format.upper()])
@@ -103,9 +103,20 @@ def run(argv: Sequence[str]) -> int:
         start_http_server(args.metrics_port)
     # standalone: one replica (the chart uses strategy Recreate), so no peering objects are needed.
     with _event_loop() as loop:
-        kopf.run(loop=loop, standalone=True, clusterwide=args.all_namespaces, namespaces=namespaces,
+        kopf.run(loop=loop, standalone=True, clusterwide=args.all_namespaces or bool(patterns),
+                 namespaces=() if patterns else namespaces,
                  liveness_endpoint=args.liveness or None, memo=kopf.Memo(config=config))
     return 0
+
+
+def namespace_patterns(namespaces: tuple[str, ...], all_namespaces: bool) -> tuple[str, ...]:
+    """The --namespace values when one is a pattern, else (). kopf resolves patterns by listing namespaces, then
+    watching them from a second listing whose items it ignores: a namespace made between the two was missed
+    until it next changed (a job there waited for minutes). So with a pattern kopf watches jobs cluster-wide
+    (one watch, no namespace watch) and OperatorConfig.serves matches their namespace."""
+    if all_namespaces or not any(set(namespace) & set(NAMESPACE_PATTERN) for namespace in namespaces):
+        return ()
+    return namespaces
 
 
 @contextlib.contextmanager
