@@ -388,6 +388,13 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
     ]
 
 
+@pytest.mark.parametrize("arg", ["--namespace=team-a", "-n", "--all-namespaces", "-A"])
+def test_extra_args_cannot_name_the_watched_namespaces(arg: str) -> None:
+    result = helm(*template_args(sets=(f"operator.extraArgs[0]={arg}",)), check=False)
+    assert result.returncode != 0, f"extraArgs {arg} was accepted"
+    assert "extraArgs" in result.stderr
+
+
 def test_service_monitor_needs_the_service() -> None:
     result = helm(*template_args(sets=("serviceMonitor.enabled=true", "service.enabled=false")), check=False)
     assert result.returncode != 0

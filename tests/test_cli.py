@@ -130,6 +130,23 @@ def test_operator_hands_its_settings_to_kopf_and_the_handlers(monkeypatch: pytes
     assert launch.config.progress_interval == 30
 
 
+def test_operator_refuses_named_namespaces_beside_all_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf would raise a TypeError at start-up (an operator is either cluster-wide or namespaced)."""
+    launch = launch_operator(["--all-namespaces", "--namespace=team-*"], monkeypatch)
+    assert launch.exit_code == 2 and launch.run_kwargs is None, launch.output
+    assert "--namespace and --all-namespaces exclude each other" in launch.output
+
+
+def test_operator_with_a_namespace_pattern_has_kopf_watch_every_namespace_and_picks_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = launch_operator(["-n", "team-*", "-n", "ml"], monkeypatch)
+    assert launch.exit_code == 0, launch.output
+    assert launch.run_kwargs is not None
+    assert launch.run_kwargs["clusterwide"] is True and launch.run_kwargs["namespaces"] == ()
+    assert launch.config.namespace_patterns == ("team-*", "ml")
+    assert launch.config.serves("team-a") and launch.config.serves("ml") and not launch.config.serves("mlops")
+
+
 def test_the_built_in_trainer_image_meets_the_bounds_of_spec_image() -> None:
     # The CLI checks only another --trainer-image (the check loads the whole CRD): the default must pass it.
     assert field_problems("spec.image", api.DEFAULT_TRAINER_IMAGE) == []

@@ -85,6 +85,9 @@ def run(argv: Sequence[str]) -> int:
     args = options.parse_args(list(argv))
     if not args.namespaces and not args.all_namespaces:
         options.error("name the namespaces to watch (--namespace NS ...) or pass --all-namespaces")
+    if args.namespaces and args.all_namespaces:
+        options.error("--namespace and --all-namespaces exclude each other: keep one (with the chart, set "
+                      "watchNamespaces rather than passing either in operator.extraArgs)")
     leave_out_what_the_operator_does_not_use()
     import kopf
     from prometheus_client import start_http_server
