@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ def make_namespace_with_a_job(lab: Lab, name: str) -> str:
     return name
 
 
-def test_every_matching_namespace_is_served_also_one_made_while_the_operator_starts(lab: Lab, crd: Any) -> None:
+def test_every_matching_namespace_is_served_also_one_made_while_the_operator_starts(lab: Lab, crd: Path) -> None:
     prefix = f"starting-{uuid.uuid4().hex[:6]}"
     _, kubeconfig = install_identity(lab)
     operator = OperatorProcess(kubeconfig, lab.run_dir / f"operator-{prefix}.log", (f"--namespace={prefix}-*",))

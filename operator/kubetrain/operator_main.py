@@ -95,7 +95,7 @@ def run(argv: Sequence[str]) -> int:
     from kubetrain import handlers
 
     namespaces = tuple(args.namespaces)
-    patterns = namespace_patterns(namespaces, args.all_namespaces)
+    patterns = namespace_patterns(namespaces)
     config = handlers.OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
                                      pod_group_scheduler=args.pod_group_scheduler,
                                      all_namespaces=args.all_namespaces, namespace_patterns=patterns)
@@ -112,14 +112,13 @@ def run(argv: Sequence[str]) -> int:
     return 0
 
 
-def namespace_patterns(namespaces: tuple[str, ...], all_namespaces: bool) -> tuple[str, ...]:
+def namespace_patterns(namespaces: tuple[str, ...]) -> tuple[str, ...]:
     """The --namespace values when one is a pattern, else (). kopf resolves patterns by listing namespaces, then
     watching them from a second listing whose items it ignores: a namespace made between the two was missed
     until it next changed (a job there waited for minutes). So with a pattern kopf watches jobs cluster-wide
     (one watch, no namespace watch) and OperatorConfig.serves matches their namespace."""
-    if all_namespaces or not any(set(namespace) & set(NAMESPACE_PATTERN) for namespace in namespaces):
-        return ()
-    return namespaces
+    is_pattern = any(set(namespace) & set(NAMESPACE_PATTERN) for namespace in namespaces)
+    return namespaces if is_pattern else ()
 
 
 @contextlib.contextmanager
