@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +22,6 @@ from tests.operator_fixtures import Jobs, OperatorProcess, install_identity
 from tests.test_operator import spec
 
 pytestmark = pytest.mark.lab
-Json = Any
 MAKING_AFTER_START_S = 3  # namespaces keep coming this long after the operator answers its liveness probe
 MOST_NAMESPACES = 60
 

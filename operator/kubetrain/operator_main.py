@@ -24,7 +24,7 @@ DESCRIPTION = "Run the operator: reconcile TrainingJobs in the given namespaces 
 LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
 # kopf's log formats (kopf.LogFormat), by their lower-case names.
 LOG_FORMATS = ("plain", "full", "json")
-NAMESPACE_PATTERN = "*?!,"  # kopf's namespace globs: a --namespace with one of these is a pattern
+NAMESPACE_PATTERN = "*?!,"  # a --namespace with one of these is a pattern (see handlers.matches_namespace)
 TRAINER_IMAGE_HELP = "Image of the pods of jobs that leave spec.image unset."
 POD_GROUP_HELP = ("Gang scheduling through scheduler-plugins' coscheduling: give every job a PodGroup (minMember = "
                   "its nodes) and its pods schedulerName NAME (e.g. scheduler-plugins-scheduler), unless the job "
