@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m bench                  # everything (about 6-8 minutes on 2 cores; starts and stops a lab)
-    python -m bench --quick          # fewer repeats and shorter runs (about 3-4 minutes)
+    python -m bench                  # everything (about 20 minutes on 2 cores; starts and stops a lab)
+    python -m bench --quick          # fewer repeats and shorter runs (about 5 minutes)
     python -m bench core trainer.metrics   # only these benchmarks (a name or a dotted prefix)
     python -m bench peer             # kubetrain against Kubeflow's training operator (builds it once, starts a lab)
     python -m bench --no-lab         # everything that needs no lab
@@ -33,12 +33,13 @@ __all__ = ["all_benchmarks", "main", "select"]
 
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
-    from bench import cluster, core, peer, scale, trainer, trainer_overhead
+    from bench import cluster, core, peer, rendezvous, scale, trainer, trainer_overhead
 
     # The peer before the scale benchmarks: their 512-pod job and 250 jobs would still be going away (and
     # weigh on a freshly started operator) when the peer measures memory.
-    return (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
-            *peer.BENCHMARKS, *scale.BENCHMARKS)
+    ordered = (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
+               *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS)
+    return tuple(sorted(ordered, key=lambda bench: bench.needs_lab))  # stable: the order above within each kind
 
 
 def select(benchmarks: Sequence[Benchmark], names: Sequence[str], *, no_lab: bool = False) -> list[Benchmark]:

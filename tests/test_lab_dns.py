@@ -49,3 +49,19 @@ def test_a_missing_service_is_nxdomain_not_a_stale_answer() -> None:
     api = FakeApi()
     resolver = ClusterResolver(api)  # type: ignore[arg-type]
     assert resolver.lookup("nothing.ns.svc.cluster.local.") is None
+
+
+def test_a_hidden_name_is_nxdomain_for_its_first_seconds_then_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("tests.lab.dns.time.monotonic", lambda: clock[0])
+    resolver = ClusterResolver(FakeApi())  # type: ignore[arg-type]
+    hidden = resolver.hide("job-0.job.ns.svc.cluster.local", seconds=5)
+    name = "JOB-0.job.ns.svc.cluster.local."
+    clock[0] = 250.0  # the window starts at the first query, not when the name was hidden
+    assert resolver.lookup(name, "10.0.0.7") is None
+    clock[0] = 254.9
+    assert resolver.lookup(name, "10.0.0.8") is None
+    assert resolver.lookup("job.ns.svc.cluster.local.") == ["10.0.0.7"], "other names still answer"
+    clock[0] = 255.0
+    assert resolver.lookup(name, "10.0.0.7") == ["10.0.0.7"]
+    assert hidden.refused_clients == ["10.0.0.7", "10.0.0.8"]

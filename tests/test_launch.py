@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kubetrain import api
@@ -51,4 +52,30 @@ def test_an_elastic_gang_can_lose_every_node_its_range_allows() -> None:
                          "failurePolicy": {"maxRestarts": 2}}
     elastic = _pod_values(parse(document), 0)
     assert elastic[api.ENV.MAX_RESTARTS] == "5", "its own 2, plus one per node the range lets go"
-    assert elastic[api.ENV.RDZV_CONF].split(",") == ["join_timeout=600", "read_timeout=600", "last_call_timeout=5"]
+    assert elastic[api.ENV.RDZV_CONF].split(",") == ["is_host=true", "join_timeout=600", "read_timeout=600",
+                                                     "last_call_timeout=5"]
+
+
+def _hosts(environments: list[dict[str, str]]) -> list[bool | None]:
+    """Each node's is_host, read back as torchrun parses --rdzv-conf and its c10d backend reads it."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    return [RendezvousParameters("c10d", "job-0.job:29400", "id", 1, 1,
+                                 **_parse_rendezvous_config(env[api.ENV.RDZV_CONF])).get_as_bool("is_host")
+            for env in environments]
+
+
+@pytest.mark.parametrize("elastic", [None, {"minNodes": 2, "maxNodes": 4}])
+def test_node_0_is_told_that_it_hosts_the_rendezvous_store_and_no_other_node_is(
+        elastic: dict[str, int] | None, tmp_path: Path) -> None:
+    # Left to itself, torchrun decides by resolving the endpoint: a lookup that fails makes node 0 a client too.
+    document = yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text())
+    document["spec"] |= {"nodes": 3} | ({"elastic": elastic} if elastic else {})
+    job = parse(document)
+    assert _hosts([_pod_values(job, index) for index in range(3)]) == [True, False, False]
+    for attempt in (1, 2):  # a restarted gang's node 0 hosts again
+        env = build_pod(job, 0, attempt)["spec"]["containers"][0]["env"]
+        assert _hosts([{e["name"]: e["value"] for e in env if "value" in e}]) == [True]
+    local = plan_local_run(job, tmp_path, rendezvous_port=29500, metrics_port=9500).environments
+    assert _hosts([dict(env) for env in local]) == [True, False, False]

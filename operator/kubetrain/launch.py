@@ -13,13 +13,17 @@ from dataclasses import dataclass
 from kubetrain import api
 from kubetrain.spec import TrainingJob, thaw
 
-__all__ = ["Placement", "in_place_restarts", "launch_env", "program_args", "rendezvous_conf", "rendezvous_id",
-           "worker_shutdown_seconds"]
+__all__ = ["RENDEZVOUS_HOST_INDEX", "Placement", "in_place_restarts", "launch_env", "program_args", "rendezvous_conf",
+           "rendezvous_id", "worker_shutdown_seconds"]
 
 # Seconds torchrun keeps for itself between its workers' deadline and the pod's: it reports and exits in time.
 AGENT_EXIT_SECONDS = 2
 # How long an elastic rendezvous that has its minNodes waits for more agents before it starts.
 ELASTIC_LAST_CALL_SECONDS = 5
+
+
+# The node whose agent hosts the rendezvous store: the endpoint names its pod.
+RENDEZVOUS_HOST_INDEX = 0
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,12 @@ def worker_shutdown_seconds(job: TrainingJob) -> int:
     return max(1, job.spec.run_policy.termination_grace_period_seconds - AGENT_EXIT_SECONDS)
 
 
-def rendezvous_conf(job: TrainingJob) -> str:
-    """torchrun's --rdzv-conf.
+def rendezvous_conf(job: TrainingJob, index: int) -> str:
+    """torchrun's --rdzv-conf for node ``index``.
 
+    is_host says which agent hosts the store. Left out, each agent resolves the endpoint and compares it with
+    its own addresses; a lookup that fails at that moment (a slow DNS server, a record not yet published)
+    makes node 0 a client too, and the whole gang waits read_timeout for a store that nobody serves.
     Agents wait join_timeout for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
     read_timeout is how long the others wait for node 0 to open the rendezvous store (torch's default 60 s):
     the same bound, or a node 0 that waits minutes for a machine (an autoscaler) fails its peers early.
@@ -64,7 +71,8 @@ def rendezvous_conf(job: TrainingJob) -> str:
     the operator creates a gang's pods at once, so a short last call only sends a straggler to the next round.
     """
     seconds = job.spec.failure_policy.rendezvous_timeout_seconds
-    conf = f"join_timeout={seconds},read_timeout={seconds}"
+    is_host = "true" if index == RENDEZVOUS_HOST_INDEX else "false"
+    conf = f"is_host={is_host},join_timeout={seconds},read_timeout={seconds}"
     if job.spec.elastic is not None:
         conf += f",last_call_timeout={ELASTIC_LAST_CALL_SECONDS}"
     return conf
@@ -91,7 +99,7 @@ def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement)
         api.ENV.RDZV_BACKEND: "c10d",
         api.ENV.RDZV_ENDPOINT: placement.rendezvous_endpoint,
         api.ENV.RDZV_ID: rendezvous_id(job, attempt),
-        api.ENV.RDZV_CONF: rendezvous_conf(job),
+        api.ENV.RDZV_CONF: rendezvous_conf(job, index),
         api.ENV.MAX_RESTARTS: str(in_place_restarts(job)),
         api.ENV.SHUTDOWN_TIMEOUT: str(worker_shutdown_seconds(job)),
         api.ENV.TEE: "3",  # both streams of every worker, through torchrun, with the prefix below

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kubetrain import api
-from kubetrain.launch import Placement, launch_env, program_args, rendezvous_id
+from kubetrain.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
 from kubetrain.spec import TrainingJob, thaw
 
 __all__ = [
@@ -116,7 +116,7 @@ def build_pod_group(job: TrainingJob) -> dict[str, Json]:
 
 def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
     placement = Placement(
-        rendezvous_endpoint=f"{pod_name(job.name, 0)}.{job.name}:{api.RENDEZVOUS_PORT}",
+        rendezvous_endpoint=f"{pod_name(job.name, RENDEZVOUS_HOST_INDEX)}.{job.name}:{api.RENDEZVOUS_PORT}",
         metrics_port=api.METRICS_PORT,
         checkpoint_dir=job.spec.checkpoint.path,
         data_dir=job.spec.data.path,

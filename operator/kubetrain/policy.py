@@ -33,6 +33,7 @@ from typing import Any
 
 from kubetrain import api
 from kubetrain.api import ConditionType, Phase, Reason
+from kubetrain.launch import RENDEZVOUS_HOST_INDEX
 from kubetrain.manifests import job_selector, pod_name
 from kubetrain.spec import TrainingJob
 from kubetrain.status import (
@@ -490,7 +491,7 @@ def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
     one that started only then counts as never come."""
     if RENDEZVOUS_CONNECTION_ERROR not in (first.message or ""):
         return False
-    host = next((p for p in current if p.index == 0), None)
+    host = next((p for p in current if p.index == RENDEZVOUS_HOST_INDEX), None)
     if host is None or host.phase == "Pending" or host.start_time is None:
         return True
     return _started_after_a_peer_gave_up(host, first)
@@ -508,8 +509,8 @@ def _rendezvous_timeout_message(draft: _Draft, current: Sequence[PodState], firs
     # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
     # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
     late = _host_never_came(first, current)
-    unstarted = [p.name for p in current
-                 if p.phase == "Pending" or (late and p.index == 0) or _started_after_a_peer_gave_up(p, first)]
+    unstarted = [p.name for p in current if p.phase == "Pending" or (late and p.index == RENDEZVOUS_HOST_INDEX)
+                 or _started_after_a_peer_gave_up(p, first)]
     if unstarted:
         where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
     else:

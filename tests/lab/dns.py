@@ -4,12 +4,17 @@ Reading the API on every query keeps names fresh: a pod's name resolves as soon 
 While the API server cannot answer (a restart), names resolve to their last answer, as CoreDNS answers from
 its informer cache through an API server outage; a name never seen gets SERVFAIL.
 Names outside ``cluster.local`` get NXDOMAIN at once: the lab never forwards anywhere.
+A test can hide a name for its first seconds (:meth:`ClusterResolver.hide`), as a record not yet published
+or a DNS server under load does on a real cluster in the first second of a pod's life.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
+import time
+from dataclasses import dataclass, field
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
@@ -46,20 +51,53 @@ def _endpoint_pods(service: JSON, pods: list[JSON]) -> list[JSON]:
     ]
 
 
+@dataclass
+class HiddenName:
+    """A name answered NXDOMAIN for ``seconds`` from its first query; who was refused, for the test to check."""
+
+    seconds: float
+    first_query: float | None = None
+    refused_clients: list[str] = field(default_factory=list)
+
+    def refuses(self, now: float) -> bool:
+        if self.first_query is None:
+            self.first_query = now
+        return now < self.first_query + self.seconds
+
+
 class ClusterResolver(BaseResolver):  # type: ignore[misc]
     def __init__(self, api: Rest) -> None:
         self.api = api
         self._last_answers: dict[tuple[str, bool], list[str] | None] = {}
         # Clients behind kube-proxy (a real node's pods) get a Service's ClusterIP, as from CoreDNS.
         self.proxied_clients: list[ipaddress.IPv4Network] = []
+        self._hidden: dict[str, HiddenName] = {}
+        self._hidden_lock = threading.Lock()  # the UDP and TCP servers answer from threads of their own
+
+    def hide(self, name: str, seconds: float) -> HiddenName:
+        """Answer NXDOMAIN for the fully qualified ``name`` during ``seconds`` from its first query."""
+        hidden = HiddenName(seconds)
+        with self._hidden_lock:
+            self._hidden[name.rstrip(".").lower()] = hidden
+        return hidden
+
+    def _refused(self, name: str, client: str | None) -> bool:
+        with self._hidden_lock:
+            hidden = self._hidden.get(name)
+            if hidden is None or not hidden.refuses(time.monotonic()):
+                return False
+            hidden.refused_clients.append(client or "")
+            return True
 
     def _proxied(self, client: str | None) -> bool:
         return client is not None and any(ipaddress.ip_address(client) in net for net in self.proxied_clients)
 
     def lookup(self, name: str, client: str | None = None) -> list[str] | None:
-        """IPv4 addresses for a cluster name, or None when the name does not exist; the last answer while
-        the API server is away."""
+        """IPv4 addresses for a cluster name, or None when the name does not exist (or is hidden); the last
+        answer while the API server is away."""
         key = (name.rstrip(".").lower(), self._proxied(client))
+        if self._refused(key[0], client):
+            return None
         try:
             answer = self._lookup(key[0], client)
         except Exception:

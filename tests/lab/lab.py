@@ -17,7 +17,7 @@ import psutil
 
 from tests.lab.build import ensure_binary
 from tests.lab.controlplane import ControlPlane
-from tests.lab.dns import ClusterDns
+from tests.lab.dns import ClusterDns, HiddenName
 from tests.lab.images import REPO, ImageMap
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.kubelet import Kubelet
@@ -263,6 +263,12 @@ class Lab:
     def oom_kill_pod(self, namespace: str, name: str) -> None:
         """Kill the pod's containers as the OOM killer would: exit 137, reason OOMKilled."""
         self._kubelet.worker(namespace, name).inject_signal(signal.SIGKILL, oom=True)
+
+    def hide_dns_name(self, name: str, seconds: float) -> HiddenName:
+        """The cluster DNS answers NXDOMAIN for the fully qualified ``name`` during ``seconds`` from its first
+        query (a record not yet published); the result lists the clients refused."""
+        assert self.dns is not None, "the lab is not started"
+        return self.dns.resolver.hide(name, seconds)
 
     def stop_node_heartbeats(self, node: str) -> None:
         self._kubelet.pause_node(node)
