@@ -49,8 +49,9 @@ class Cluster:
         self.operator: Any = None
 
     def start(self) -> None:
+        from tests.lab.chart import install_identity, wait_crd_established
         from tests.lab.lab import LAB_HOME, Lab
-        from tests.operator_fixtures import OperatorProcess, install_identity, wait_crd_established
+        from tests.lab.operator_process import OperatorProcess
 
         _prune_old_run_dirs(LAB_HOME)
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -100,7 +101,7 @@ class Cluster:
         """Delete it; its pods are gone on return. ``until_gone``: also wait for the namespace controller's
         sweep of everything else (jobs, Services, endpoints, events), which otherwise runs into the next
         measurement and slows whichever side comes next."""
-        from tests.lab.fixtures import delete_namespace
+        from tests.lab.namespaces import delete_namespace
         from tests.lab.procs import wait_for
 
         delete_namespace(self.lab, name)
@@ -146,8 +147,8 @@ class Cluster:
 
     def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods of ``selector`` at once (not waiting for the garbage collector)."""
-        # The API server deletes a collection one pod at a time before it answers: 512 pods took over the
-        # client's 15 s in a slow spell of this machine (the 15:26 full run lost a figure to it).
+        # The API server deletes a collection one pod at a time before it answers: 512 pods can take more than
+        # the client's default 15 s on 2 busy cores, hence DELETE_COLLECTION_TIMEOUT_S.
         self.lab.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector},
                              timeout=DELETE_COLLECTION_TIMEOUT_S)
 
@@ -243,7 +244,7 @@ TIME_TO_RUNNING = FigureSpec(
 
 def time_to_running_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
-    from tests.operator_fixtures import Jobs
+    from tests.lab.jobs import Jobs
 
     namespace = lab.namespace("start")
     jobs = Jobs(lab.lab, namespace)
@@ -305,7 +306,7 @@ GANG_RESTART = FigureSpec(
 def gang_restart_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
     from kubetrain import api
-    from tests.operator_fixtures import Jobs
+    from tests.lab.jobs import Jobs
 
     namespace = lab.namespace("restart")
     jobs = Jobs(lab.lab, namespace)

@@ -54,8 +54,8 @@ def per_call(fn: Callable[[], object], baseline: Callable[[], object], *, budget
 def running_job_inputs(nodes: int = 2) -> tuple[Any, dict[str, Json], list[Json], datetime]:
     """A running job as the operator sees it: the parsed job, its stored status and its pods as the API
     returns them (rendered by the operator's own manifests, with a running status filled in)."""
+    from kubetrain.lifecycle import reconcile
     from kubetrain.manifests import build_pods
-    from kubetrain.policy import reconcile
     from kubetrain.spec import parse
     from kubetrain.status import pod_state
 
@@ -94,7 +94,7 @@ RECONCILE = FigureSpec(
 
 
 def reconcile_bench(ctx: Context) -> list[Figure]:
-    from kubetrain.policy import reconcile
+    from kubetrain.lifecycle import reconcile
     from kubetrain.status import merge_patch, pod_state
 
     job, status, pods, now = running_job_inputs()

@@ -159,7 +159,7 @@ def start_peer(ctx: Context, lab: Cluster) -> PeerOperator:
     if isinstance(found, PeerOperator):
         return found
     from tests.lab.build import ensure_peer_binary, peer_module_dir
-    from tests.operator_fixtures import wait_crd_established
+    from tests.lab.chart import wait_crd_established
 
     started = time.monotonic()
     binary = ensure_peer_binary()

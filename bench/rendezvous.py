@@ -1,10 +1,11 @@
 """Bursts of small two-node `command:` jobs, each a real torchrun c10d rendezvous: does every gang form?
 
-A burst of 24 two-pod jobs on the lab once left 2 gangs waiting 10 minutes on a rendezvous store that no agent
-hosted (node 0 had resolved its own name a moment too early and made itself a client). The figure is the
-share of jobs whose gang formed and finished, without a restart, well within the rendezvous timeout; the
-baseline is every job created. The same burst of `kubetrain run` processes checks the local path, which shares
-the launch builder.
+Left to itself, torchrun decides which agent hosts the c10d store by resolving the endpoint's name: if node 0's
+lookup of its own name fails (its DNS record not yet served), it makes itself a client, and the gang waits out
+the whole rendezvous timeout on a store nobody hosts (2 of 24 jobs in a burst on the lab), which is why node 0
+is told that it hosts (``launch.rendezvous_conf``). The figure is the share of jobs whose gang formed and
+finished, without a restart, well within the rendezvous timeout; the baseline is every job created. The same
+burst of `kubetrain run` processes checks the local path, which shares the launch builder.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def cluster_burst_bench(ctx: Context) -> list[Figure]:
 
 def _cluster_round(ctx: Context, count: int) -> tuple[dict[str, float], dict[str, str]]:
     """``count`` jobs created at once in a namespace of their own, deleted (until gone) afterwards."""
-    from tests.operator_fixtures import Jobs
+    from tests.lab.jobs import Jobs
 
     lab = cluster(ctx)
     namespace = lab.namespace("rendezvous")

@@ -39,7 +39,7 @@ WIDE_JOB = FigureSpec(
 
 def wide_job_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
-    from tests.operator_fixtures import Jobs
+    from tests.lab.jobs import Jobs
 
     namespace = lab.namespace("wide")
     jobs = Jobs(lab.lab, namespace)
@@ -96,7 +96,7 @@ BUSY_RECONCILE = FigureSpec(
 
 def busy_reconcile_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
-    from tests.operator_fixtures import Jobs
+    from tests.lab.jobs import Jobs
 
     samples = 10 if ctx.quick else 50
     background = 50 if ctx.quick else BACKGROUND_JOBS
@@ -140,7 +140,7 @@ class FirstPhases:
         self._changed = threading.Condition()
         self._stopped = False
         self.error: Exception | None = None
-        from tests.operator_fixtures import list_version
+        from tests.lab.jobs import list_version
 
         version = list_version(lab.lab.api, path)
         threading.Thread(target=self._follow, args=(lab, path, version), daemon=True).start()

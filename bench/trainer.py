@@ -229,10 +229,9 @@ PLAIN = FigureSpec(
                      "5% of a hand-written loop"))
 
 
-# One round's trainer-against-plain ratio strays by up to 10 % here (34.8k against 38.2k samples/s in one round,
-# 40.3k against 40.4k in the next): with 2 rounds the best of each still read 0.89-0.93 twice on 2026-12-02, and
-# with 3 the 20:41 full run read 0.912 (rounds 22.6k/23.4k 29.4k/32.3k 29.3k/24.9k: one side's best was a lucky
-# round). 5 rounds give each side more chances at an undisturbed run, for about 100 s more.
+# One round's trainer-against-plain ratio strays by up to 10 % on 2 shared cores, so with 2 or 3 rounds one side's
+# best can be a lucky round and the ratio reads 0.89-0.93 where it is 1.00. 5 rounds give each side more chances
+# at an undisturbed run, for about 100 s more.
 SCALING_ROUNDS = 5
 
 

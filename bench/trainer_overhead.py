@@ -477,9 +477,43 @@ def _realistic_metrics() -> Any:
     return m
 
 
+def _timed_scrapes(port: int, empty_port: int, rounds: int) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Wall and CPU seconds of GET + parse per target, the two targets interleaved so drift hits both alike."""
+    wall: dict[int, list[float]] = {port: [], empty_port: []}
+    cpu: dict[int, list[float]] = {port: [], empty_port: []}
+
+    def timed(target: int) -> tuple[float, float]:
+        started, started_cpu = time.perf_counter(), time.process_time()
+        parse_exposition(scrape(target))
+        return time.perf_counter() - started, time.process_time() - started_cpu
+
+    for _ in range(20):  # warm-up
+        timed(port)
+        timed(empty_port)
+    for i in range(rounds):
+        for target in ((port, empty_port) if i % 2 == 0 else (empty_port, port)):
+            w, c = timed(target)
+            wall[target].append(w)
+            cpu[target].append(c)
+    return wall, cpu
+
+
+def _reference_parse_seconds(text: str) -> list[float]:
+    """prometheus-client's own parser on the same text: for the record."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reference: list[float] = []
+    for _ in range(10):
+        started = time.perf_counter()
+        for family in text_string_to_metric_families(text):
+            for _sample in family.samples:
+                pass
+        reference.append(time.perf_counter() - started)
+    return reference
+
+
 def scrape_bench(ctx: Context) -> list[Figure]:
     from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client.parser import text_string_to_metric_families
 
     from kubetrain_trainer.metrics import serve
 
@@ -487,8 +521,6 @@ def scrape_bench(ctx: Context) -> list[Figure]:
     port, empty_port = free_port(), free_port()
     server = serve(metrics, port)
     empty_server, empty_thread = start_http_server(empty_port, registry=CollectorRegistry(auto_describe=False))
-    wall: dict[int, list[float]] = {port: [], empty_port: []}
-    cpu: dict[int, list[float]] = {port: [], empty_port: []}
     try:
         own = count_series(scrape(port))
         metrics.extra_collectors.append(padding_collector(max(TARGET_SERIES - own, 0)))
@@ -496,27 +528,8 @@ def scrape_bench(ctx: Context) -> list[Figure]:
         series = count_series(text)
         if count_series(scrape(empty_port)) != 0:
             raise RuntimeError("the empty registry serves series")
-
-        def timed(target: int) -> tuple[float, float]:
-            started, started_cpu = time.perf_counter(), time.process_time()
-            parse_exposition(scrape(target))
-            return time.perf_counter() - started, time.process_time() - started_cpu
-
-        for _ in range(20):  # warm-up
-            timed(port)
-            timed(empty_port)
-        for i in range(150 if ctx.quick else 400):
-            for target in ((port, empty_port) if i % 2 == 0 else (empty_port, port)):
-                w, c = timed(target)
-                wall[target].append(w)
-                cpu[target].append(c)
-        reference: list[float] = []  # prometheus-client's own parser, on the same text: for the record
-        for _ in range(10):
-            started = time.perf_counter()
-            for family in text_string_to_metric_families(text):
-                for _sample in family.samples:
-                    pass
-            reference.append(time.perf_counter() - started)
+        wall, cpu = _timed_scrapes(port, empty_port, 150 if ctx.quick else 400)
+        reference = _reference_parse_seconds(text)
     finally:
         server.close()
         empty_server.shutdown()

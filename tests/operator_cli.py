@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from kubetrain import handlers
 from kubetrain.__main__ import main
+from kubetrain.operator_config import OperatorConfig
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,11 @@ class Launch:
     formatters: tuple[logging.Formatter, ...]  # of the log handlers kopf.configure installed
 
     @property
-    def config(self) -> handlers.OperatorConfig:
+    def config(self) -> OperatorConfig:
         """What the handlers will get through kopf's memo."""
         assert self.run_kwargs is not None, f"the operator did not reach kopf.run: {self.output}"
         config = self.run_kwargs["memo"]["config"]
-        assert isinstance(config, handlers.OperatorConfig)
+        assert isinstance(config, OperatorConfig)
         return config
 
     def log_line(self, message: str, level: int = logging.INFO) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-CRD = Path(__file__).resolve().parent.parent / "operator" / "kubetrain" / "crd.yaml"
+CRD = Path(__file__).resolve().parent.parent / "crds" / "trainingjobs.kubetrain.io.yaml"
 INT64 = 2**63
 Json = Any
 

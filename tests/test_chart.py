@@ -78,14 +78,22 @@ def test_chart_metadata_follows_the_project_release() -> None:
     assert chart["kubeVersion"].startswith(">=")
 
 
-def test_chart_crd_is_identical_to_the_top_level_crd() -> None:
+def test_chart_crd_is_a_link_to_the_top_level_crd() -> None:
+    """One CRD file: the chart's is a relative link to it (Helm follows it; `helm package` stores the contents)."""
     top_level = ROOT / "crds" / f"{PLURAL}.{GROUP}.yaml"
     in_chart = CHART / "crds" / top_level.name
-    assert top_level.is_file(), f"{top_level} is missing"
+    assert top_level.is_file() and not top_level.is_symlink(), f"{top_level} must be the one real file"
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == [top_level.name]
-    assert in_chart.read_bytes() == top_level.read_bytes(), (
-        f"{in_chart} differs from {top_level}: copy it (cp {top_level.relative_to(ROOT)} {in_chart.relative_to(ROOT)})"
+    assert in_chart.is_symlink() and in_chart.resolve() == top_level.resolve(), (
+        f"{in_chart} must link to {top_level}: ln -sf ../../../crds/{top_level.name} {in_chart.relative_to(ROOT)}"
     )
+    assert not Path(in_chart.readlink()).is_absolute(), "an absolute link breaks in any other checkout"
+
+
+def test_chart_renders_the_linked_crd() -> None:
+    rendered = helm(*template_args(), "--include-crds").stdout
+    crds = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "CustomResourceDefinition"]
+    assert crds == [yaml.safe_load((ROOT / "crds" / f"{PLURAL}.{GROUP}.yaml").read_text())]
 
 
 def test_every_value_is_documented() -> None:

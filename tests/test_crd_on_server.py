@@ -17,8 +17,8 @@ import yaml
 
 from kubetrain.spec import validate
 from tests.invalid_specs import INVALID, Case, base_job
-from tests.lab.fixtures import delete_namespace
 from tests.lab.lab import Lab
+from tests.lab.namespaces import delete_namespace
 from tests.lab.rest import ApiError
 
 pytestmark = pytest.mark.lab

@@ -22,10 +22,12 @@ import pytest
 import yaml
 
 from tests.lab.build import ensure_binary
+from tests.lab.chart import CHART
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
+from tests.lab.operator_process import OperatorProcess
 from tests.lab.prometheus import Prometheus, start_prometheus
 from tests.monitoring import MONITORING_CRDS, pod_monitor_job, service_monitor_job
-from tests.operator_fixtures import CHART, Jobs, OperatorProcess
 
 pytestmark = pytest.mark.lab
 Json = Any

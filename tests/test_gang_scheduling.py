@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from tests.lab.build import pod_group_crd
-from tests.lab.fixtures import delete_namespace
+from tests.lab.chart import install_identity, wait_crd_established
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
+from tests.lab.namespaces import delete_namespace
+from tests.lab.operator_process import OperatorProcess
 from tests.lab.procs import wait_for
-from tests.operator_fixtures import Jobs, OperatorProcess, install_identity, wait_crd_established
 from tests.test_operator import spec
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("crd")]

@@ -20,10 +20,12 @@ import kopf
 import pytest
 from kopf._core.engines import posting
 
-from kubetrain import handlers, metrics, spec
+from kubetrain import handlers, jobstate, kopf_setup, metrics, spec
+from kubetrain.judgements import Coalescing, ScrapeClock
 from kubetrain.kube import ApiError, Kube
-from kubetrain.policy import SCRAPE_RECHECK_SECONDS
+from kubetrain.operator_config import OperatorConfig
 from kubetrain.status import Progress, Scrape, pod_state
+from kubetrain.status_policy import SCRAPE_RECHECK_SECONDS
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod
@@ -126,31 +128,36 @@ def gone(cluster: FakeCluster) -> Callable[[], None]:
     return fault
 
 
+WRITE_AT_ONCE = OperatorConfig(coalescing=Coalescing(status_s=0.0, starting_s=0.0))
+TRIGGER = jobstate.Trigger("job", logging.getLogger("kubetrain.test"))
+
+
+def fresh_state(kube: Any = None, config: OperatorConfig = WRITE_AT_ONCE) -> jobstate.OperatorState:
+    return handlers.operator_state(config, kube, None, ShownPods())  # type: ignore[arg-type]
+
+
 @pytest.fixture
-def run(caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeCluster], handlers.OperatorState]]:
+def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., jobstate.OperatorState]]:
     """Reconcile once, as a handler would, against ``cluster``; the operator's state afterwards. Every status
-    change is written at once (unless a test sets STATUS_COALESCE or STARTING_COALESCE again)."""
-    monkeypatch.setattr(handlers, "STATUS_COALESCE", 0.0)
-    monkeypatch.setattr(handlers, "STARTING_COALESCE", 0.0)
+    change is written at once, unless ``config`` (of a fresh state) says otherwise."""
     kube = Kube(lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"), connections=2)  # never connects
     caplog.set_level(logging.DEBUG)
 
-    def reconcile(cluster: FakeCluster, state: handlers.OperatorState | None = None,
-                  indexed: list[Json] | None = None) -> handlers.OperatorState:
-        """``state``: the operator's so far (default: a fresh one); ``indexed``: the pods its watch has shown
-        (default: all of the cluster's)."""
+    def reconcile(cluster: FakeCluster, state: jobstate.OperatorState | None = None,
+                  indexed: list[Json] | None = None,
+                  config: OperatorConfig = WRITE_AT_ONCE) -> jobstate.OperatorState:
+        """``state``: the operator's so far (default: a fresh one, with ``config``); ``indexed``: the pods its
+        watch has shown (default: all of the cluster's)."""
         kube._core = _Client(cluster)  # type: ignore[assignment]
         kube._custom = _Client(cluster)  # type: ignore[assignment]
 
-        async def once() -> handlers.OperatorState:
+        async def once() -> jobstate.OperatorState:
             posting.event_queue_loop_var.set(asyncio.get_running_loop())
             posting.event_queue_var.set(asyncio.Queue())
             posting.settings_var.set(kopf.OperatorSettings())
-            current = state or handlers.OperatorState(config=handlers.OperatorConfig(), kube=kube,
-                                                      http=None, pods=ShownPods())  # type: ignore[arg-type]
+            current = state or fresh_state(kube, config)
             current.pods = shown(cluster.pods if indexed is None else indexed)
-            await handlers._reconcile_measured(current, KEY, "job", logging.getLogger("kubetrain.test"))
+            await current.queue.run(KEY, TRIGGER)
             return current
 
         return asyncio.run(once())
@@ -174,7 +181,7 @@ class TestDeletedWhileReconciling:
         before = errors_counted()
         state = run(cluster)
         assert warnings(caplog) == []
-        assert KEY not in state.due and KEY not in state.failures  # no retry
+        assert state.queue.due(KEY) is None and state.queue.failures(KEY) == 0  # no retry
         assert errors_counted() == before
         assert cluster.calls.count("patch_namespaced_custom_object_status") == 1  # no second write of an error
 
@@ -184,7 +191,7 @@ class TestDeletedWhileReconciling:
         before = errors_counted()
         state = run(cluster)
         assert warnings(caplog) == []
-        assert KEY not in state.due and KEY not in state.failures
+        assert state.queue.due(KEY) is None and state.queue.failures(KEY) == 0
         assert errors_counted() == before
 
     def test_a_job_replaced_by_a_new_one_of_the_same_name_is_gone(self, run: Any,
@@ -196,7 +203,7 @@ class TestDeletedWhileReconciling:
             raise ApiError(404, "Not Found", "")
         cluster.faults["create_namespaced_pod"] = replaced
         state = run(cluster)
-        assert warnings(caplog) == [] and KEY not in state.due
+        assert warnings(caplog) == [] and state.queue.due(KEY) is None
 
     def test_a_failure_of_a_job_that_still_exists_is_still_retried(self, run: Any,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
@@ -207,7 +214,7 @@ class TestDeletedWhileReconciling:
         cluster.faults["create_namespaced_pod"] = unavailable
         before = errors_counted()
         state = run(cluster)
-        assert KEY in state.due and state.failures[KEY] == 1
+        assert state.queue.due(KEY) is not None and state.queue.failures(KEY) == 1
         assert errors_counted() == before + 1
         assert [r.levelno for r in warnings(caplog)] == [logging.WARNING]
         assert cluster.job is not None
@@ -224,11 +231,11 @@ def test_a_namespace_being_deleted_is_left_alone_after_it_refuses_a_pod(run: Any
     cluster.faults["create_namespaced_pod"] = terminating
     before = errors_counted()
     state = run(cluster)
-    assert warnings(caplog) == [] and errors_counted() == before and KEY not in state.due
+    assert warnings(caplog) == [] and errors_counted() == before and state.queue.due(KEY) is None
     calls = len(cluster.calls)
     run(cluster, state)  # its next pod event
     assert cluster.calls[calls:] == []
-    state.terminating[NAMESPACE] -= handlers.TERMINATING_HOLD  # long ago: a namespace of that name may be new
+    state.terminating[NAMESPACE] -= jobstate.TERMINATING_HOLD  # long ago: a namespace of that name may be new
     run(cluster, state)
     assert "get_namespaced_custom_object" in cluster.calls[calls:]
 
@@ -255,7 +262,7 @@ def test_pods_gone_with_their_namespace_are_no_disruption(run: Any, caplog: pyte
     assert "create_namespaced_pod" in cluster.calls  # the dry run that asked
     assert "patch_namespaced_custom_object_status" not in cluster.calls
     assert "delete_namespaced_pod" not in cluster.calls
-    assert warnings(caplog) == [] and state.holds(NAMESPACE) and KEY not in state.due
+    assert warnings(caplog) == [] and state.holds(NAMESPACE) and state.queue.due(KEY) is None
 
 
 def test_a_disruption_in_a_live_namespace_restarts_the_gang(run: Any) -> None:
@@ -283,14 +290,16 @@ class TestScrape:
         assert cluster.job is not None
         assert "ProgressKnown" not in {c["type"] for c in cluster.job["status"].get("conditions", [])}, \
             "one failed read is read again first"
-        assert state.due[KEY] - state.last_scrape[KEY] <= SCRAPE_RECHECK_SECONDS + 0.5, "looked at again by then"
-        state.last_scrape[KEY] -= SCRAPE_RECHECK_SECONDS  # the recheck is due
+        due = state.queue.due(KEY)
+        assert due is not None and due - state.records[KEY].scrape.last <= SCRAPE_RECHECK_SECONDS + 0.5, \
+            "looked at again by then"
+        rewind_scrape(state, SCRAPE_RECHECK_SECONDS)  # the recheck is due
         run(cluster, state)
         known = next(c for c in cluster.job["status"]["conditions"] if c["type"] == "ProgressKnown")
         assert known["status"] == "False" and known["reason"] == "ScrapeFailed"
         assert "connection refused" in known["message"]
         assert cluster.job["status"]["phase"] == "Running"  # silent for years, yet unknown is never a stall
-        assert state.failed_scrapes[KEY] == 2
+        assert state.records[KEY].scrape.failures == 2
 
     def test_a_read_that_fails_once_is_not_reported(self, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         """A trainer that has just finished stops serving while its pod still runs."""
@@ -305,12 +314,18 @@ class TestScrape:
             p["status"]["podIP"] = f"10.0.0.{p['metadata']['labels']['kubetrain.io/node-index']}"
         cluster = FakeCluster(job_body(phase="Running", attempt=0, restarts=0, nodes={"desired": 2}), pods=ready)
         state = run(cluster)
-        state.last_scrape[KEY] -= SCRAPE_RECHECK_SECONDS
+        rewind_scrape(state, SCRAPE_RECHECK_SECONDS)
         run(cluster, state)
         assert cluster.job is not None
         known = next(c for c in cluster.job["status"]["conditions"] if c["type"] == "ProgressKnown")
         assert known["status"] == "True" and cluster.job["status"]["progress"]["step"] == 7
-        assert state.failed_scrapes[KEY] == 0
+        assert state.records[KEY].scrape.failures == 0
+
+
+def rewind_scrape(state: jobstate.OperatorState, seconds: float) -> None:
+    """As if the last scrape of the job were ``seconds`` longer ago."""
+    clock = state.records[KEY].scrape
+    state.records[KEY].scrape = ScrapeClock(last=clock.last - seconds, failures=clock.failures)
 
 
 def test_the_client_methods_called_are_the_ones_derived_from_the_code(run: Any) -> None:
@@ -329,9 +344,10 @@ def test_pods_it_created_are_not_created_again_before_its_watch_shows_them(run: 
     assert cluster.calls.count("create_namespaced_pod") == 2
     run(cluster, state, indexed=[])  # the watch has not delivered them yet
     assert cluster.calls.count("create_namespaced_pod") == 2, "created twice"
-    assert state.due[KEY] - time.monotonic() < 1, "looks again in a moment"
+    due = state.queue.due(KEY)
+    assert due is not None and due - time.monotonic() < 1, "looks again in a moment"
     run(cluster, state)
-    assert KEY not in state.expected
+    assert not state.records[KEY].expected
 
 
 def test_the_echo_of_its_own_status_write_is_not_reconciled(run: Any) -> None:
@@ -344,8 +360,6 @@ def test_the_echo_of_its_own_status_write_is_not_reconciled(run: Any) -> None:
         event: Json = {"type": "MODIFIED", "object": copy.deepcopy(cluster.job)}
         await handlers.job_changed(event=event, namespace=NAMESPACE, name="valid", memo={"state": state},
                                    logger=logging.getLogger("kubetrain.test"))
-        if state.scheduler is not None:
-            state.scheduler.cancel()
     asyncio.run(echo())
     assert len(cluster.calls) == calls, cluster.calls[calls:]
 
@@ -357,8 +371,8 @@ def test_pods_the_api_refused_are_not_waited_for(run: Any) -> None:
         raise ApiError(403, "Forbidden", json.dumps({"message": "exceeded quota: no-pods"}))
     cluster.faults["create_namespaced_pod"] = over_quota
     state = run(cluster)
-    assert KEY not in state.expected, "the retry would wait for pods that were never created"
-    assert state.failures[KEY] == 1
+    assert not state.records[KEY].expected, "the retry would wait for pods that were never created"
+    assert state.queue.failures(KEY) == 1
 
 
 def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
@@ -369,20 +383,26 @@ def test_triggers_during_a_reconcile_fold_into_one_more_pass(run: Any) -> None:
     state.pods = shown(cluster.pods)
 
     async def burst() -> None:  # a gang's pod events, all while the first reconcile waits on the API
-        logger = logging.getLogger("kubetrain.test")
-        await asyncio.gather(*(handlers._reconcile_measured(state, KEY, "pod", logger) for _ in range(20)))
+        first = asyncio.create_task(state.queue.run(KEY, TRIGGER))
+        await asyncio.sleep(0)
+        assert state.queue.busy(KEY)
+        for _ in range(20):
+            state.queue.add(KEY, handlers.POD_CHANGE)
+        await first
+        await state.queue.drained()
     asyncio.run(burst())
     assert state.reconciles - passes == 2, "one pass, then one more"
 
 
-def _placed(run: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCluster, handlers.OperatorState, int]:
+def _placed(run: Any, monkeypatch: pytest.MonkeyPatch,
+            coalescing: Coalescing) -> tuple[FakeCluster, jobstate.OperatorState, int]:
     """A new job's pods created (Pending written), then placed on a node: the cluster, the operator's state after
     the reconcile that saw them placed, and the status writes before it. Its rank 0 is never read."""
     async def not_yet(*_: Any, **__: Any) -> Scrape:
         return Scrape(error="connection refused")
     monkeypatch.setattr(handlers, "fetch_progress", not_yet)
     cluster = FakeCluster(job_body())
-    state = run(cluster)  # creates the pods, writes Pending
+    state = run(cluster, config=OperatorConfig(coalescing=coalescing))  # creates the pods, writes Pending
     for p in cluster.pods:
         p["status"] = {"phase": "Pending"}
         p["spec"]["nodeName"] = "node-1"
@@ -391,14 +411,14 @@ def _placed(run: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCluster, han
 
 
 def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "STATUS_COALESCE", 60.0)
-    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)
-    cluster, state, writes = _placed(run, monkeypatch)  # scheduled: Starting, which may wait too
+    cluster, state, writes = _placed(run, monkeypatch, Coalescing(status_s=60.0, starting_s=60.0))
+    # scheduled: Starting, which may wait too
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
     cluster.pods[0]["status"] = pod(0)["status"]
     state = run(cluster, state)  # one more pod running: waits
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
-    assert state.due[KEY] <= state.written_at[KEY] + 60, "and is looked at again by then"
+    due = state.queue.due(KEY)
+    assert due is not None and due <= state.records[KEY].written_at + 60, "and is looked at again by then"
     cluster.pods[1]["status"] = pod(1)["status"]
     run(cluster, state)  # all running: Running, written at once
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes + 1
@@ -406,22 +426,21 @@ def test_a_status_change_of_only_counts_is_written_with_the_next_one(run: Any, m
 
 
 def test_pods_placed_and_starting_wait_longer_than_other_changes(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "STARTING_COALESCE", 60.0)  # STATUS_COALESCE stays 0: nothing else waits
-    cluster, state, writes = _placed(run, monkeypatch)  # placed: Starting waits for the longer window
+    starting_only = Coalescing(status_s=0.0, starting_s=60.0)  # nothing else waits
+    cluster, state, writes = _placed(run, monkeypatch, starting_only)  # placed: Starting waits for the longer window
     assert cluster.calls.count("patch_namespaced_custom_object_status") == writes
     assert cluster.job is not None and cluster.job["status"]["phase"] == "Pending"
-    assert state.written_at[KEY] + 1 < state.due[KEY] <= state.written_at[KEY] + 60, "looked at again by then"
-    assert handlers._coalescing({"phase": "Starting"}, {"phase": "Starting", "message": "1/2"}) == 0.0
-    assert handlers._coalescing({"phase": "Pending"}, {"phase": "Starting"}) == 60.0
+    written_at, due = state.records[KEY].written_at, state.queue.due(KEY)
+    assert due is not None and written_at + 1 < due <= written_at + 60, "looked at again by then"
+    assert starting_only.window({"phase": "Starting"}, {"phase": "Starting", "message": "1/2"}) == 0.0
+    assert starting_only.window({"phase": "Pending"}, {"phase": "Starting"}) == 60.0
 
 
-def job_event(state: handlers.OperatorState, body: Json) -> None:
+def job_event(state: jobstate.OperatorState, body: Json) -> None:
     """The watch shows the job changed (not by the operator): job_changed, as kopf calls it."""
     async def changed() -> None:
         await handlers.job_changed(event={"type": "MODIFIED", "object": body}, namespace=NAMESPACE, name="valid",
                                    memo={"state": state}, logger=logging.getLogger("kubetrain.test"))
-        if state.scheduler is not None:
-            state.scheduler.cancel()
     asyncio.run(changed())
 
 
@@ -431,7 +450,7 @@ class TestActiveJobsAreReadFromMemory:
     def test_reconciles_of_a_job_with_pods_neither_read_nor_parse_it_again(
             self, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         parsed: list[str] = []
-        monkeypatch.setattr(handlers, "parse", lambda body, **kw: parsed.append("x") or spec.parse(body, **kw))
+        monkeypatch.setattr(jobstate, "parse", lambda body, **kw: parsed.append("x") or spec.parse(body, **kw))
         cluster = FakeCluster(job_body())
         state = run(cluster)
         cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}
@@ -440,7 +459,7 @@ class TestActiveJobsAreReadFromMemory:
         assert cluster.calls.count("get_namespaced_custom_object") == 1
         assert cluster.calls.count("patch_namespaced_custom_object_status") >= 2, "its own writes are what it read"
         assert len(parsed) == 1
-        assert cluster.job is not None and state.bodies[KEY] == cluster.job
+        assert cluster.job is not None and state.records[KEY].body == cluster.job
 
     def test_a_conflict_reads_it_again(self, run: Any) -> None:
         cluster = FakeCluster(job_body())
@@ -451,7 +470,7 @@ class TestActiveJobsAreReadFromMemory:
         cluster.faults["patch_namespaced_custom_object_status"] = conflict
         cluster.pods[0]["status"] = {"phase": "Running", "podIP": "10.0.0.1"}  # a change to write
         state = run(cluster, state)
-        assert KEY not in state.bodies and KEY not in state.jobs
+        assert state.records[KEY].body is None and state.records[KEY].job is None
         del cluster.faults["patch_namespaced_custom_object_status"]
         run(cluster, state)
         assert cluster.calls.count("get_namespaced_custom_object") == 2
@@ -463,12 +482,12 @@ class TestActiveJobsAreReadFromMemory:
         relabelled = copy.deepcopy(cluster.job)
         relabelled["metadata"] |= {"labels": {"team": "vision"}, "resourceVersion": "100"}  # no new generation
         job_event(state, relabelled)
-        assert state.jobs[KEY].labels == {"team": "vision"}
+        assert state.records[KEY].job is not None and state.records[KEY].job.labels == {"team": "vision"}
         resized = copy.deepcopy(relabelled)
         resized["metadata"] |= {"generation": 2, "resourceVersion": "101"}
         resized["spec"]["nodes"] = 3
         job_event(state, resized)
-        assert state.jobs[KEY].spec.nodes == 3
+        assert state.records[KEY].job is not None and state.records[KEY].job.spec.nodes == 3
         assert cluster.calls.count("get_namespaced_custom_object") == 1
 
     def test_a_job_without_pods_is_not_kept(self, run: Any) -> None:
@@ -477,7 +496,23 @@ class TestActiveJobsAreReadFromMemory:
         cluster = FakeCluster(body)
         state = run(cluster)
         assert cluster.pods == []
-        assert KEY not in state.bodies and KEY not in state.jobs
+        assert state.records[KEY].body is None and state.records[KEY].job is None
+
+
+def test_a_job_being_deleted_is_left_alone_by_its_later_pod_events(run: Any) -> None:
+    """kubectl delete --cascade=orphan: the job is marked for deletion, then its pods lose their owner. Adopting
+    them then (from the body cached before the mark) would have the garbage collector delete them with it."""
+    cluster = FakeCluster(job_body())
+    state = run(cluster)  # creates the pods; the job's body is kept while it has them
+    assert cluster.job is not None
+    deleting = copy.deepcopy(cluster.job)
+    deleting["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "resourceVersion": "100"}
+    job_event(state, deleting)
+    for p in cluster.pods:
+        p["metadata"].pop("ownerReferences", None)  # the garbage collector orphans them
+    calls = len(cluster.calls)
+    run(cluster, state)  # their pod events
+    assert cluster.calls[calls:] == []
 
 
 class _Discovery:
@@ -496,7 +531,7 @@ class _Discovery:
     (ApiError(503, "Service Unavailable", ""), True),  # cannot tell: the watch stays
 ])
 def test_kopf_watches_crds_only_when_it_needs_to(serves: bool | Exception, needed: bool) -> None:
-    assert asyncio.run(handlers.scanning_needed(_Discovery(serves))) is needed  # type: ignore[arg-type]
+    assert asyncio.run(kopf_setup.scanning_needed(_Discovery(serves))) is needed  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("patterns", "namespace", "served"), [
@@ -515,7 +550,7 @@ def test_kopf_watches_crds_only_when_it_needs_to(serves: bool | Exception, neede
 ])
 def test_namespace_patterns_pick_the_jobs_the_operator_serves(patterns: tuple[str, ...], namespace: str,
                                                               served: bool) -> None:
-    assert handlers.OperatorConfig(namespace_patterns=patterns).serves(namespace) is served
+    assert OperatorConfig(namespace_patterns=patterns).serves(namespace) is served
 
 
 def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(
@@ -535,37 +570,12 @@ def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(
     assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({})) is None
 
 
-def test_jobs_due_together_let_other_events_in_between(monkeypatch: pytest.MonkeyPatch) -> None:
-    """200 jobs created together come due together: a new job's event must not wait for all their reconciles."""
-    ran: list[str] = []
-
-    async def reconcile_without_io(state: handlers.OperatorState, key: Any, trigger: str, logger: Any) -> None:
-        ran.append(key[1])  # as a resync of a job with nothing to write: no await inside
-
-    monkeypatch.setattr(handlers, "_reconcile_measured", reconcile_without_io)
-
-    async def main() -> None:
-        state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=None, http=None,  # type: ignore[arg-type]
-                                       pods=ShownPods())
-        state.due = {(NAMESPACE, f"job-{n}"): 0.0 for n in range(50)}
-        scheduler = asyncio.create_task(handlers._scheduler(state))
-        while len(ran) < 3:
-            await asyncio.sleep(0)
-        ran.append("new job's event")
-        while len(ran) < 51:
-            await asyncio.sleep(0.01)
-        scheduler.cancel()
-
-    asyncio.run(main())
-    assert ran.index("new job's event") <= 5, ran[:10]
-
-
 def test_a_namespaces_pod_watch_is_let_go_with_its_last_job() -> None:
-    pods = ShownPods()
-    state = handlers.OperatorState(config=handlers.OperatorConfig(), kube=None, http=None,  # type: ignore[arg-type]
-                                   pods=pods)
+    state = fresh_state()
+    pods = state.pods
+    assert isinstance(pods, ShownPods)
     for key in [("ml", "a"), ("ml", "b"), ("ci-1", "a")]:
-        state.lock(key)
+        state.record(key)
     state.forget(("ml", "a"))
     state.forget(("ci-1", "a"))
     assert pods.released == ["ci-1"]  # "ml" still has job b

@@ -16,7 +16,7 @@ from tests.lab.rest import Rest
 @pytest.fixture
 def silent_server() -> Iterator[Callable[[float], Rest]]:
     """A client (with the given timeout) of a server that takes the connection and never answers, as an API
-    server in a slow spell may."""
+    server too busy to answer in time looks to the client."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()

@@ -63,7 +63,7 @@ def test_a_failed_attempt_is_told_from_the_status_with_its_log_tail() -> None:
 
 
 def test_a_failed_pods_log_tail_outlives_it_bounded() -> None:
-    from kubetrain.policy import reconcile
+    from kubetrain.lifecycle import reconcile
     from tests.pods import pod, states
     from tests.test_policy import NOW, job, running
 

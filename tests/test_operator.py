@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from kubetrain import api
-from tests.lab.fixtures import delete_namespace
 from tests.lab.images import exec_only_image
+from tests.lab.jobs import Jobs, phase_recorder
 from tests.lab.lab import Lab
+from tests.lab.namespaces import delete_namespace
+from tests.lab.operator_process import OperatorProcess
 from tests.lab.procs import wait_for
 from tests.lab.rest import ApiError
-from tests.operator_fixtures import Jobs, OperatorProcess, phase_recorder
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]
 Json = Any

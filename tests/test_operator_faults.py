@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.lab.jobs import Jobs, phase_recorder
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
-from tests.operator_fixtures import Jobs, phase_recorder
 from tests.test_operator import condition, spec
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]

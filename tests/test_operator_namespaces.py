@@ -2,8 +2,8 @@
 it starts, and leaves the others alone.
 
 kopf resolves a pattern by listing the namespaces and then watching them from a second listing whose items it
-ignores: a namespace made between the two was missed until it next changed (a CI run lost a job that way,
-180 s with no status). The operator now watches jobs cluster-wide and matches their namespace itself.
+ignores: a namespace made between the two was missed until it next changed (its jobs got no status for
+minutes). The operator therefore watches jobs cluster-wide and matches their namespace itself.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.fixtures import delete_namespace
+from tests.lab.chart import install_identity
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
+from tests.lab.namespaces import delete_namespace
+from tests.lab.operator_process import OperatorProcess
 from tests.lab.procs import wait_for
-from tests.operator_fixtures import Jobs, OperatorProcess, install_identity
 from tests.test_operator import spec
 
 pytestmark = pytest.mark.lab

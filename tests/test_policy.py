@@ -1,4 +1,7 @@
-"""The reconcile decision, case by case: the lifecycle and every branch of the failure taxonomy."""
+"""The reconcile decision, case by case: the lifecycle and every branch of the failure taxonomy.
+
+Most cases go through ``reconcile`` (lifecycle.py), which takes failures.py's and status_policy.py's steps too.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +11,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kubetrain.policy import (
-    SCRAPE_RECHECK_SECONDS,
-    ApiFailure,
-    Decision,
-    classify,
-    failed_reconcile,
-    may_wait,
-    must_persist_before_acting,
-    reconcile,
-    recovered,
-    retry_delay,
-    while_retrying,
-)
+from kubetrain.failures import ApiFailure, classify, failed_reconcile, recovered, retry_delay, while_retrying
+from kubetrain.lifecycle import reconcile
 from kubetrain.spec import TrainingJob, parse
 from kubetrain.status import Progress, Scrape
+from kubetrain.status_policy import SCRAPE_RECHECK_SECONDS, Decision, may_wait, must_persist_before_acting
 from tests.invalid_specs import base_job
 from tests.pods import pod, states
 from tests.status_schema import assert_valid_status

@@ -25,13 +25,14 @@ import pytest
 import yaml
 
 from tests.lab.build import ensure_binary
+from tests.lab.chart import CHART
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
 from tests.lab.oci import IMAGES
 from tests.lab.procs import wait_for
 from tests.lab.prometheus import Prometheus, start_prometheus
 from tests.lab.rest import Rest
 from tests.monitoring import MONITORING_CRDS, service_monitor_job
-from tests.operator_fixtures import CHART, Jobs
 
 pytestmark = [pytest.mark.lab, pytest.mark.real_node]
 Json = Any

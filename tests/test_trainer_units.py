@@ -60,8 +60,13 @@ def test_an_empty_config_gets_the_operators_defaults() -> None:
     ({"trainer": {"batchSize": True}}, "trainer.batchSize: expected int, got a boolean"),
     ({"trainer": {"batchSize": "32"}}, "trainer.batchSize: expected int, got str"),
     ({"trainer": {"entrypoint": "no_colon"}}, "package.module:function"),
-    ({"trainer": {"options": {"layers": 2}}}, "trainer.options.layers: expected a string"),
+    ({"trainer": {"options": {"layers": 2}}}, "trainer.options.layers: expected str, got int"),
+    ({"trainer": ["digits"]}, "trainer: expected object, got list"),
     ({"checkpoint": {"keep": 0}}, "checkpoint.keep: must be >= 1"),
+    ({"checkpoint": {"everySteps": -1}}, "checkpoint.everySteps: must be >= 0"),
+    ({"trainer": {"optimizer": {"lr": 0}}}, "trainer.optimizer.lr: must be > 0"),
+    ({"data": {"workers": 65}}, "data.workers: must be <= 64"),
+    ({"data": {"path": "data"}}, "data.path: 'data' does not match the pattern"),
 ])
 def test_invalid_configs_are_rejected_with_the_key_path(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

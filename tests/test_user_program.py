@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
-from tests.operator_fixtures import Jobs
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]
 

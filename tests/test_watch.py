@@ -21,9 +21,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
-from tests.operator_fixtures import Jobs
 
 Json = Any
 

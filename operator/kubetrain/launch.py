@@ -64,7 +64,7 @@ def rendezvous_conf(job: TrainingJob, index: int) -> str:
     is_host says which agent hosts the store. Left out, each agent resolves the endpoint and compares it with
     its own addresses; a lookup that fails at that moment (a slow DNS server, a record not yet published)
     makes node 0 a client too, and the whole gang waits read_timeout for a store that nobody serves.
-    Agents wait join_timeout for the whole gang, then exit with RendezvousTimeoutError (policy.py reads it).
+    Agents wait join_timeout for the whole gang, then exit with RendezvousTimeoutError (failures.py reads it).
     read_timeout is how long the others wait for node 0 to open the rendezvous store (torch's default 60 s):
     the same bound, or a node 0 that waits minutes for a machine (an autoscaler) fails its peers early.
     An elastic rendezvous that has its minimum waits last_call_timeout for more agents (torch's default 30 s);

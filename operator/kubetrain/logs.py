@@ -107,7 +107,7 @@ class _Cluster:
         return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
 
     def pods(self, job: Mapping[str, Json]) -> list[Json]:
-        from kubetrain.manifests import job_selector
+        from kubetrain.naming import job_selector
 
         selector = job_selector(job["metadata"]["name"], job["metadata"].get("uid", ""))
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)

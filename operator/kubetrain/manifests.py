@@ -1,7 +1,7 @@
 """Pure builders: a TrainingJob in, the headless Service and the pods of one attempt out (plain dicts).
 
 The pod contract (its variables are listed in trainer_image/README.md): one pod per node named
-``<job>-<index>``, hostname and subdomain so that ``<job>-0.<job>`` resolves before anything is ready,
+``<job>-<index>`` (naming.py), hostname and subdomain so that ``<job>-0.<job>`` resolves before anything is ready,
 torchrun configured through the PET_* variables it reads natively (launch.py), ``restartPolicy: Never``
 because restarts are gang restarts decided by the operator, and the restricted Pod Security profile.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 from kubetrain import api
 from kubetrain.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
+from kubetrain.naming import identity_labels, job_labels, pod_name
 from kubetrain.spec import TrainingJob, thaw
 
 __all__ = [
@@ -21,43 +22,13 @@ __all__ = [
     "build_pods",
     "build_service",
     "container_image",
-    "job_labels",
-    "job_selector",
     "owner_reference",
-    "pod_name",
 ]
 
 Json = Any
 
 # A non-root identity for images that do not declare one; the trainer image uses it too.
 RUN_AS_USER = 1000
-
-
-def pod_name(job_name: str, index: int) -> str:
-    return f"{job_name}-{index}"
-
-
-def _identity(job: TrainingJob) -> dict[str, str]:
-    """The labels that tell this job's children from those of an earlier job of the same name."""
-    labels = {api.LABEL.JOB_NAME: job.name}
-    if job.uid:  # `kubetrain render` has no uid: the API server assigns it on create
-        labels[api.LABEL.JOB_UID] = job.uid
-    return labels
-
-
-def job_labels(job: TrainingJob) -> dict[str, str]:
-    """Labels shared by every child object of a job."""
-    return _identity(job) | {api.LABEL.MANAGED_BY: "kubetrain"}
-
-
-def job_selector(job_name: str, job_uid: str = "") -> str:
-    """Label selector (string form) of a job's pods, whatever the attempt.
-
-    Without a uid it also matches pods of earlier jobs of the same name: the operator lists those too,
-    to clear them out of the way of the pod names the job needs (see policy.py).
-    """
-    selector = f"{api.LABEL.JOB_NAME}={job_name}"
-    return f"{selector},{api.LABEL.JOB_UID}={job_uid}" if job_uid else selector
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Json]:
@@ -88,7 +59,7 @@ def build_service(job: TrainingJob) -> dict[str, Json]:
             "clusterIP": "None",
             # Rendezvous starts before any pod is ready: resolve names of unready pods too.
             "publishNotReadyAddresses": True,
-            "selector": _identity(job),
+            "selector": identity_labels(job),
             "ports": [
                 {"name": "rendezvous", "port": api.RENDEZVOUS_PORT, "targetPort": api.RENDEZVOUS_PORT},
                 {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT},
@@ -189,7 +160,7 @@ def _spread(job: TrainingJob) -> dict[str, Json]:
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100,
         "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                            "labelSelector": {"matchLabels": _identity(job)}},
+                            "labelSelector": {"matchLabels": identity_labels(job)}},
     }]}}
 
 

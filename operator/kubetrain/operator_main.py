@@ -24,7 +24,7 @@ DESCRIPTION = "Run the operator: reconcile TrainingJobs in the given namespaces 
 LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
 # kopf's log formats (kopf.LogFormat), by their lower-case names.
 LOG_FORMATS = ("plain", "full", "json")
-NAMESPACE_PATTERN = "*?!,"  # a --namespace with one of these is a pattern (see handlers.matches_namespace)
+NAMESPACE_PATTERN = "*?!,"  # a --namespace with one of these is a pattern (see operator_config.matches_namespace)
 TRAINER_IMAGE_HELP = "Image of the pods of jobs that leave spec.image unset."
 POD_GROUP_HELP = ("Gang scheduling through scheduler-plugins' coscheduling: give every job a PodGroup (minMember = "
                   "its nodes) and its pods schedulerName NAME (e.g. scheduler-plugins-scheduler), unless the job "
@@ -92,13 +92,14 @@ def run(argv: Sequence[str]) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from kubetrain import handlers
+    from kubetrain import handlers  # noqa: F401 - registers the handlers in kopf's default registry
+    from kubetrain.operator_config import OperatorConfig
 
     namespaces = tuple(args.namespaces)
     patterns = namespace_patterns(namespaces)
-    config = handlers.OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
-                                     pod_group_scheduler=args.pod_group_scheduler,
-                                     all_namespaces=args.all_namespaces, namespace_patterns=patterns)
+    config = OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
+                            pod_group_scheduler=args.pod_group_scheduler, all_namespaces=args.all_namespaces,
+                            namespace_patterns=patterns)
     level = args.log_level
     kopf.configure(debug=level == "debug", verbose=level == "verbose", quiet=level == "quiet",
                    log_format=kopf.LogFormat[args.log_format.upper()])

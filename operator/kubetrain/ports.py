@@ -4,8 +4,8 @@ A port is chosen at random between 20000 and 29999, below the kernel's ephemeral
 hands out a port on its own, and probed by binding it. A port the kernel picks (bind to port 0) comes from that
 ephemeral range: until the caller binds it, the kernel may give it to any process's outgoing connection or
 port-0 listener. A trainer's metrics ports are bound seconds after they are chosen, once torch has loaded, while
-torchrun and gloo open port-0 sockets of their own: one such port was taken in a CI run. Another explicit binder
-can still take a port in between; the probe only shows that it was free.
+torchrun and gloo open port-0 sockets of their own, any of which could take a port picked that way. Another
+explicit binder can still take a port in between; the probe only shows that it was free.
 """
 
 from __future__ import annotations

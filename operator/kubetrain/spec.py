@@ -225,9 +225,6 @@ def _job_spec(spec: Mapping[str, Json]) -> JobSpec:
     resources = spec["resources"]
     data = spec["data"]
     checkpoint = spec["checkpoint"]
-    failure = spec["failurePolicy"]
-    run = spec["runPolicy"]
-    scheduling = spec["scheduling"]
     gpus = int(spec["gpusPerNode"])
     procs = spec.get("procsPerNode") or gpus or 1
     trainer = spec.get("trainer")
@@ -248,34 +245,46 @@ def _job_spec(spec: Mapping[str, Json]) -> JobSpec:
         checkpoint=CheckpointSpec(
             checkpoint["path"], checkpoint.get("claimName"), int(checkpoint["everySteps"]), int(checkpoint["keep"])
         ),
-        failure_policy=FailurePolicy(
-            backoff_limit=int(failure["backoffLimit"]),
-            max_restarts=int(failure["maxRestarts"]),
-            stall_timeout_seconds=int(failure["stallTimeoutSeconds"]),
-            restart_on_oom=bool(failure["restartOnOOM"]),
-            node_lost_timeout_seconds=int(failure["nodeLostTimeoutSeconds"]),
-            rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
-            disruption_limit=int(failure["disruptionLimit"]),
-        ),
-        run_policy=RunPolicy(
-            active_deadline_seconds=run.get("activeDeadlineSeconds"),
-            ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
-            suspend=bool(run["suspend"]),
-            clean_pod_policy=run["cleanPodPolicy"],
-            managed_by=run["managedBy"],
-            termination_grace_period_seconds=int(run["terminationGracePeriodSeconds"]),
-        ),
-        scheduling=Scheduling(
-            node_selector=_frozen(scheduling.get("nodeSelector", {})),
-            tolerations=_frozen(scheduling.get("tolerations", [])),
-            affinity=_frozen(scheduling["affinity"]) if "affinity" in scheduling else None,
-            priority_class_name=scheduling.get("priorityClassName") or None,
-            scheduler_name=scheduling.get("schedulerName") or None,
-        ),
+        failure_policy=_failure_policy(spec["failurePolicy"]),
+        run_policy=_run_policy(spec["runPolicy"]),
+        scheduling=_scheduling(spec["scheduling"]),
         trainer_config=_frozen({
             "trainer": trainer or {},
             # Where volumes come from is the operator's business, not the trainer's.
             "data": {k: v for k, v in data.items() if k != "claimName"},
             "checkpoint": {k: v for k, v in checkpoint.items() if k != "claimName"},
         }),
+    )
+
+
+def _failure_policy(failure: Mapping[str, Json]) -> FailurePolicy:
+    return FailurePolicy(
+        backoff_limit=int(failure["backoffLimit"]),
+        max_restarts=int(failure["maxRestarts"]),
+        stall_timeout_seconds=int(failure["stallTimeoutSeconds"]),
+        restart_on_oom=bool(failure["restartOnOOM"]),
+        node_lost_timeout_seconds=int(failure["nodeLostTimeoutSeconds"]),
+        rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
+        disruption_limit=int(failure["disruptionLimit"]),
+    )
+
+
+def _run_policy(run: Mapping[str, Json]) -> RunPolicy:
+    return RunPolicy(
+        active_deadline_seconds=run.get("activeDeadlineSeconds"),
+        ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
+        suspend=bool(run["suspend"]),
+        clean_pod_policy=run["cleanPodPolicy"],
+        managed_by=run["managedBy"],
+        termination_grace_period_seconds=int(run["terminationGracePeriodSeconds"]),
+    )
+
+
+def _scheduling(scheduling: Mapping[str, Json]) -> Scheduling:
+    return Scheduling(
+        node_selector=_frozen(scheduling.get("nodeSelector", {})),
+        tolerations=_frozen(scheduling.get("tolerations", [])),
+        affinity=_frozen(scheduling["affinity"]) if "affinity" in scheduling else None,
+        priority_class_name=scheduling.get("priorityClassName") or None,
+        scheduler_name=scheduling.get("schedulerName") or None,
     )

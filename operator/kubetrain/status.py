@@ -46,7 +46,7 @@ def isoformat(moment: datetime) -> str:
 
 
 class FailureKind(StrEnum):
-    """The failure taxonomy: each kind gets its own action (see policy.py)."""
+    """The failure taxonomy: each kind gets its own action (see failures.py)."""
 
     ERROR = "Error"  # non-zero exit of the program: counts against backoffLimit
     OOM = "OOMKilled"  # the kernel killed it for memory: fails the job unless restartOnOOM
@@ -314,7 +314,7 @@ class Scrape:
 
     progress: Progress | None = None  # None when the page has no training step yet
     error: str | None = None  # connection refused, timeout, an HTTP error, a page that does not parse
-    # The read before this one succeeded: a failure is read again before it is reported (see policy).
+    # The read before this one succeeded: a failure is read again before it is reported (see status_policy.py).
     first_failure: bool = False
 
     @property

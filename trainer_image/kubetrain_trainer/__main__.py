@@ -48,13 +48,13 @@ from typing import Final
 
 import torch
 
-from .config import ConfigError, RunEnv, load_config
-from .distributed import PreflightError, init_distributed, preflight, teardown
+from .config import Config, ConfigError, RunEnv, load_config
+from .distributed import DistContext, PreflightError, init_distributed, preflight, teardown
 from .gpu import gpu_collector
 from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, log_json, train
 from .metrics import MetricsServer, TrainerMetrics, serve
 from .stopping import EXIT_PEER_LOST, StopFlag
-from .tasks import TaskContext, build_task
+from .tasks import Task, TaskContext, build_task
 from .termination import write_termination_message
 
 EXIT_ERROR: Final = 1
@@ -118,22 +118,16 @@ def main() -> int:
         teardown()
         return EXIT_PREFLIGHT
 
+    return _run(cfg, run_env, ctx, stop)
+
+
+def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
+    """Train with metrics served; every failure ends as an exit code and a termination message."""
     metrics = TrainerMetrics(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size)
     server: MetricsServer | None = None
     try:
-        collector = gpu_collector(ctx.device)
-        if collector is not None:
-            metrics.extra_collectors.append(collector)
-        if run_env.metrics_port > 0:
-            server = serve(metrics, run_env.metrics_port + ctx.local_rank)
-        # Identical initial weights on every rank (FSDP2 shards each rank's local copy); afterwards each
-        # rank draws its own random numbers (dropout and the like).
-        torch.manual_seed(cfg.trainer.seed)
-        task = build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options,
-                                      data_dir=Path(cfg.data.path), rank=ctx.rank, world_size=ctx.world_size,
-                                      device=ctx.device))
-        torch.manual_seed(cfg.trainer.seed + ctx.rank)
-        code = train(cfg, ctx, task, metrics, stop)
+        server = _serve_metrics(metrics, run_env, ctx)
+        code = train(cfg, ctx, _seeded_task(cfg, ctx), metrics, stop)
         _report_end(code, metrics)
         return code
     except ConfigError as exc:
@@ -154,6 +148,26 @@ def main() -> int:
         teardown()
         if ctx.is_main:
             log_json("exit", step=metrics.step)
+
+
+def _serve_metrics(metrics: TrainerMetrics, run_env: RunEnv, ctx: DistContext) -> MetricsServer | None:
+    collector = gpu_collector(ctx.device)
+    if collector is not None:
+        metrics.extra_collectors.append(collector)
+    if run_env.metrics_port > 0:
+        return serve(metrics, run_env.metrics_port + ctx.local_rank)
+    return None
+
+
+def _seeded_task(cfg: Config, ctx: DistContext) -> Task:
+    # Identical initial weights on every rank (FSDP2 shards each rank's local copy); afterwards each
+    # rank draws its own random numbers (dropout and the like).
+    torch.manual_seed(cfg.trainer.seed)
+    task = build_task(TaskContext(trainer=cfg.trainer, options=cfg.trainer.options,
+                                  data_dir=Path(cfg.data.path), rank=ctx.rank, world_size=ctx.world_size,
+                                  device=ctx.device))
+    torch.manual_seed(cfg.trainer.seed + ctx.rank)
+    return task
 
 
 def run(argv: list[str]) -> int:

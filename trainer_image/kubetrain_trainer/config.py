@@ -2,16 +2,20 @@
 
 The operator passes ``KUBETRAIN_CONFIG`` as JSON with camelCase keys, already defaulted. The trainer
 applies the same defaults when a key is missing (so it also runs by hand with ``{}``) and rejects unknown
-keys with a message that names the full key path, so a typo never silently trains with a default.
+keys with a message that names the full key path, so a typo never silently trains with a default. Types,
+bounds, enums and patterns come from config_schema.json, from which the CRD's matching properties are
+generated: the trainer accepts what the API server accepts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from pathlib import Path
+from typing import Any, Final
 
 __all__ = [
     "CONFIG_ENV",
@@ -33,10 +37,6 @@ DATA_DIR_ENV: Final = "KUBETRAIN_DATA_DIR"
 METRICS_PORT_ENV: Final = "KUBETRAIN_METRICS_PORT"
 DEFAULT_METRICS_PORT: Final = 9400
 
-TASKS: Final = ("digits", "gpt", "synthetic")
-STRATEGIES: Final = ("ddp", "fsdp")
-PRECISIONS: Final = ("bf16", "fp16", "fp32")
-OPTIMIZERS: Final = ("adamw", "sgd")
 DEFAULT_MAX_STEPS: Final = 100
 
 
@@ -129,71 +129,19 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
-# camelCase key -> (snake_case field, expected type(s)).
-_TRAINER_KEYS: Final[dict[str, tuple[str, tuple[type, ...]]]] = {
-    "task": ("task", (str,)),
-    "entrypoint": ("entrypoint", (str,)),
-    "strategy": ("strategy", (str,)),
-    "maxSteps": ("max_steps", (int,)),
-    "epochs": ("epochs", (int,)),
-    "batchSize": ("batch_size", (int,)),
-    "gradAccumulation": ("grad_accumulation", (int,)),
-    "precision": ("precision", (str,)),
-    "warmupSteps": ("warmup_steps", (int,)),
-    "minLrRatio": ("min_lr_ratio", (int, float)),
-    "gradClip": ("grad_clip", (int, float)),
-    "evalEverySteps": ("eval_every_steps", (int,)),
-    "logEverySteps": ("log_every_steps", (int,)),
-    "compile": ("compile", (bool,)),
-    "seed": ("seed", (int,)),
+# The one schema of these blocks: the CRD's spec.trainer/data/checkpoint are generated from it
+# (python -m crds.trainer_schema), so the trainer and the API server accept and reject the same configs.
+SCHEMA_FILE: Final = Path(__file__).with_name("config_schema.json")
+_SCHEMA: Final[dict[str, Any]] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+_SECTIONS: Final = ("trainer", "data", "checkpoint")
+_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,), "object": (dict,),
 }
-_OPTIMIZER_KEYS: Final[dict[str, tuple[str, tuple[type, ...]]]] = {
-    "name": ("name", (str,)),
-    "lr": ("lr", (int, float)),
-    "weightDecay": ("weight_decay", (int, float)),
-    "momentum": ("momentum", (int, float)),
-}
-_DATA_KEYS: Final[dict[str, tuple[str, tuple[type, ...]]]] = {
-    "path": ("path", (str,)),
-    "workers": ("workers", (int,)),
-    "prefetchFactor": ("prefetch_factor", (int,)),
-    "dropLast": ("drop_last", (bool,)),
-}
-_CHECKPOINT_KEYS: Final[dict[str, tuple[str, tuple[type, ...]]]] = {
-    "path": ("path", (str,)),
-    "everySteps": ("every_steps", (int,)),
-    "keep": ("keep", (int,)),
-    "resume": ("resume", (bool,)),
-}
-
-
-def _section(raw: Any, where: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected an object, got {type(raw).__name__}")
-    return raw
-
-
-def _convert(
-    raw: dict[str, Any], keys: Mapping[str, tuple[str, tuple[type, ...]]], where: str, extra: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Map camelCase keys to fields, checking names and types (bool is not accepted as an int)."""
-    unknown = sorted(set(raw) - set(keys) - set(extra))
-    if unknown:
-        allowed = ", ".join(sorted([*keys, *extra]))
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {allowed})")
-    out: dict[str, Any] = {}
-    for key, (name, types) in keys.items():
-        if key not in raw or raw[key] is None:
-            continue
-        value: Any = raw[key]
-        if isinstance(value, bool) and bool not in types:
-            raise ConfigError(f"{where}.{key}: expected {types[0].__name__}, got a boolean")
-        if not isinstance(value, types):
-            raise ConfigError(f"{where}.{key}: expected {types[0].__name__}, got {type(value).__name__}")
-        out[name] = float(cast(float, value)) if float in types else value
-    return out
+_TYPE_NAMES: Final = {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "object": "object"}
+# Keywords the checks below implement; a schema using another one fails loudly instead of checking less.
+_KEYWORDS: Final = frozenset({"type", "description", "default", "enum", "minimum", "exclusiveMinimum", "maximum",
+                              "minLength", "maxLength", "pattern", "properties", "additionalProperties",
+                              "maxProperties"})
 
 
 def _check(condition: bool, message: str) -> None:
@@ -201,62 +149,102 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _parse_trainer(raw: dict[str, Any]) -> TrainerConfig:
-    fields = _convert(raw, _TRAINER_KEYS, "trainer", extra=("optimizer", "options"))
-    optimizer = OptimizerConfig(**_convert(_section(raw.get("optimizer"), "trainer.optimizer"),
-                                           _OPTIMIZER_KEYS, "trainer.optimizer"))
-    options = _section(raw.get("options"), "trainer.options")
-    for key, value in options.items():
-        _check(isinstance(value, str), f"trainer.options.{key}: expected a string, got {type(value).__name__}")
+def _check_value(schema: Mapping[str, Any], value: Any, where: str) -> None:
+    """Raise ConfigError unless ``value`` satisfies ``schema`` (the CRD's OpenAPI subset, as the server reads it)."""
+    unsupported = sorted(set(schema) - _KEYWORDS)
+    _check(not unsupported, f"{where}: the config schema uses unsupported keyword(s) {', '.join(unsupported)}")
+    kind = schema["type"]
+    expected = _TYPE_NAMES[kind]
+    # JSON booleans are Python ints; the API server does not take one for a number.
+    _check(not isinstance(value, bool) or kind == "boolean", f"{where}: expected {expected}, got a boolean")
+    _check(isinstance(value, _TYPES[kind]), f"{where}: expected {expected}, got {type(value).__name__}")
+    if kind == "object":
+        _check_object(schema, value, where)
+        return
+    _check_scalar(schema, value, where)
+
+
+def _check_scalar(schema: Mapping[str, Any], value: Any, where: str) -> None:
+    if "enum" in schema:
+        _check(value in schema["enum"], f"{where}: {value!r} is not one of {', '.join(map(str, schema['enum']))}")
+    if "minimum" in schema:
+        if schema.get("exclusiveMinimum"):
+            _check(value > schema["minimum"], f"{where}: must be > {schema['minimum']}")
+        else:
+            _check(value >= schema["minimum"], f"{where}: must be >= {schema['minimum']}")
+    if "maximum" in schema:
+        _check(value <= schema["maximum"], f"{where}: must be <= {schema['maximum']}")
+    if "minLength" in schema:
+        _check(len(value) >= schema["minLength"], f"{where}: must be at least {schema['minLength']} characters long")
+    if "maxLength" in schema:
+        _check(len(value) <= schema["maxLength"], f"{where}: must be at most {schema['maxLength']} characters long")
+    if "pattern" in schema:
+        hint = f" ({schema['description']})" if "description" in schema else ""
+        _check(re.search(schema["pattern"], value) is not None,
+               f"{where}: {value!r} does not match the pattern {schema['pattern']}{hint}")
+
+
+def _check_object(schema: Mapping[str, Any], value: Mapping[str, Any], where: str) -> None:
+    """Closed objects: a key the schema does not name is a typo, never silently a default."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    additional = schema.get("additionalProperties")
+    if additional is None:
+        unknown = sorted(set(value) - set(properties))
+        _check(not unknown, f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(properties))})")
+    if "maxProperties" in schema:
+        _check(len(value) <= schema["maxProperties"], f"{where}: must have at most {schema['maxProperties']} entries")
+    for key, item in value.items():
+        if item is not None:  # null is "unset", as the API server prunes it
+            _check_value(properties.get(key, additional), item, f"{where}.{key}")
+
+
+def _fields(schema: Mapping[str, Any], value: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataclass fields of a checked object's scalar keys: snake_case names, numbers as floats."""
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        kind = schema["properties"][key]["type"]
+        if item is not None and kind != "object":
+            fields[_snake(key)] = float(item) if kind == "number" else item
+    return fields
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def _parse_trainer(raw: Mapping[str, Any]) -> TrainerConfig:
+    schema = _SCHEMA["properties"]["trainer"]
+    fields = _fields(schema, raw)
+    optimizer = OptimizerConfig(**_fields(schema["properties"]["optimizer"], raw.get("optimizer") or {}))
+    # The CRD's CEL rules require one of task/entrypoint; by hand ({}) the default task runs.
     if "entrypoint" in fields and "task" in fields:
         raise ConfigError("trainer: set either task or entrypoint, not both")
     if "entrypoint" in fields:
         fields["task"] = None
-        _check(":" in fields["entrypoint"], "trainer.entrypoint: expected 'package.module:function'")
     if "epochs" in fields and "max_steps" in fields:
         raise ConfigError("trainer: set either maxSteps or epochs, not both")
     if "epochs" in fields:
         fields["max_steps"] = None
-    cfg = TrainerConfig(**fields, optimizer=optimizer, options=dict(options))
-    _check(cfg.task is None or cfg.task in TASKS, f"trainer.task: {cfg.task!r} is not one of {', '.join(TASKS)}")
-    _check(cfg.strategy in STRATEGIES, f"trainer.strategy: {cfg.strategy!r} is not one of {', '.join(STRATEGIES)}")
-    _check(cfg.precision in PRECISIONS,
-           f"trainer.precision: {cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
-    _check(optimizer.name in OPTIMIZERS,
-           f"trainer.optimizer.name: {optimizer.name!r} is not one of {', '.join(OPTIMIZERS)}")
-    _check(optimizer.lr > 0, "trainer.optimizer.lr: must be > 0")
-    _check(cfg.max_steps is None or cfg.max_steps >= 1, "trainer.maxSteps: must be >= 1")
-    _check(cfg.epochs is None or cfg.epochs >= 1, "trainer.epochs: must be >= 1")
-    _check(cfg.batch_size >= 1, "trainer.batchSize: must be >= 1")
-    _check(cfg.grad_accumulation >= 1, "trainer.gradAccumulation: must be >= 1")
-    _check(cfg.warmup_steps >= 0, "trainer.warmupSteps: must be >= 0")
-    _check(0.0 <= cfg.min_lr_ratio <= 1.0, "trainer.minLrRatio: must be within [0, 1]")
-    _check(cfg.grad_clip >= 0, "trainer.gradClip: must be >= 0 (0 disables clipping)")
-    _check(cfg.eval_every_steps >= 0, "trainer.evalEverySteps: must be >= 0")
-    _check(cfg.log_every_steps >= 1, "trainer.logEverySteps: must be >= 1")
-    return cfg
+    return TrainerConfig(**fields, optimizer=optimizer, options=dict(raw.get("options") or {}))
 
 
 def parse_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
     """Build a validated :class:`Config` from the operator's JSON; env overrides the two paths."""
     env = os.environ if env is None else env
     top = dict(raw)
-    unknown = sorted(set(top) - {"trainer", "data", "checkpoint"})
+    unknown = sorted(set(top) - set(_SECTIONS))
     _check(not unknown, f"config: unknown key(s) {', '.join(unknown)} (allowed: checkpoint, data, trainer)")
-    trainer = _parse_trainer(_section(top.get("trainer"), "trainer"))
-    data_fields = _convert(_section(top.get("data"), "data"), _DATA_KEYS, "data")
-    ckpt_fields = _convert(_section(top.get("checkpoint"), "checkpoint"), _CHECKPOINT_KEYS, "checkpoint")
+    sections = {name: {} if top.get(name) is None else top[name] for name in _SECTIONS}
+    for name, value in sections.items():
+        _check_value(_SCHEMA["properties"][name], value, name)
+    data_fields = _fields(_SCHEMA["properties"]["data"], sections["data"])
+    ckpt_fields = _fields(_SCHEMA["properties"]["checkpoint"], sections["checkpoint"])
     if env.get(DATA_DIR_ENV):
         data_fields["path"] = env[DATA_DIR_ENV]
     if env.get(CHECKPOINT_DIR_ENV):
         ckpt_fields["path"] = env[CHECKPOINT_DIR_ENV]
-    data = DataConfig(**data_fields)
-    ckpt = CheckpointConfig(**ckpt_fields)
-    _check(data.workers >= 0, "data.workers: must be >= 0")
-    _check(data.prefetch_factor >= 1, "data.prefetchFactor: must be >= 1")
-    _check(ckpt.every_steps >= 0, "checkpoint.everySteps: must be >= 0 (0 disables periodic checkpoints)")
-    _check(ckpt.keep >= 1, "checkpoint.keep: must be >= 1")
-    return Config(trainer=trainer, data=data, checkpoint=ckpt)
+    return Config(trainer=_parse_trainer(sections["trainer"]), data=DataConfig(**data_fields),
+                  checkpoint=CheckpointConfig(**ckpt_fields))
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:

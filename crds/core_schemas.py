@@ -1,8 +1,11 @@
 """Structural schemas for the core/v1 types a TrainingJob embeds, generated from Kubernetes' own OpenAPI.
 
-`python -m tests.lab.core_schemas` rewrites the generated regions of operator/kubetrain/crd.yaml and its two
-copies; `--check` only says whether they are current. The source is the OpenAPI v3 document of the
-Kubernetes version the lab builds (tests/lab/versions.py), read from the Go module cache that build fills.
+`python -m crds.core_schemas` (from the repository's root) rewrites the generated regions of
+crds/trainingjobs.kubetrain.io.yaml, the one CRD file: the package's operator/kubetrain/crd.yaml and the
+chart's charts/kubetrain/crds/ hold links to it. `--check` only says whether it is current. The source is
+the OpenAPI v3 document of the Kubernetes version the lab builds (tests/lab/versions.py), read from the Go
+module cache that `python -m tests.lab build` fills; only the lab's go.mod and proxy settings locate it, hence
+the import of tests.lab. A repository tool beside the file it writes, not part of the shipped package.
 
 A region sits inside a hand-written schema's `properties`, between `# BEGIN generated: core/v1 <Type>` and
 `# END generated: core/v1 <Type>`. It holds the core type's properties that the hand-written schema does not
@@ -12,7 +15,6 @@ and the generator checks that they keep the core type's types and `required`.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import re
@@ -23,15 +25,13 @@ from typing import Any
 
 import yaml
 
+from crds.regions import CRD, ROOT, GeneratorError, NoAliasDumper, regions
+from crds.regions import main as regions_main
 from tests.lab.build import module_source_dir
 from tests.lab.versions import KUBERNETES_VERSION, MODULES
 
 Json = Any
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "operator" / "kubetrain" / "crd.yaml"
-COPIES = (ROOT / "crds" / "trainingjobs.kubetrain.io.yaml",
-          ROOT / "charts" / "kubetrain" / "crds" / "trainingjobs.kubetrain.io.yaml")
-COMMAND = "python -m tests.lab.core_schemas"
+COMMAND = "python -m crds.core_schemas"
 CORE = "io.k8s.api.core.v1."
 REF = "#/components/schemas/"
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
@@ -49,12 +49,8 @@ KEPT = ("type", "format", "enum", "required", "x-kubernetes-map-type", "x-kubern
         "x-kubernetes-list-map-keys", "items", "additionalProperties", "properties")
 DROPPED = frozenset({"description", "default", "x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key",
                      "x-kubernetes-unions", "x-kubernetes-group-version-kind"})
-BEGIN = re.compile(r"^(?P<indent> *)# BEGIN generated: core/v1 (?P<type>\w+)\b.*$")
+BEGIN = re.compile(r"^(?P<indent> *)# BEGIN generated: core/v1 (?P<name>\w+)\b.*$")
 END = "# END generated: core/v1 {}"
-
-
-class GeneratorError(Exception):
-    """The OpenAPI document or the CRD's hand-written schema is not what the generator can merge."""
 
 
 def openapi_path() -> Path:
@@ -117,26 +113,6 @@ def core_schema(type_name: str, path: Path | None = None) -> Json:
     return structural({"$ref": REF + CORE + type_name}, definitions)
 
 
-class _Dumper(yaml.SafeDumper):
-    """No anchors: the regions must read the same however the generator shares objects."""
-
-    def ignore_aliases(self, data: Json) -> bool:
-        return True
-
-
-def _regions(lines: list[str]) -> Iterator[tuple[str, str, int, int]]:
-    """(type, indent, index of BEGIN, index of END) of each generated region."""
-    for begin, line in enumerate(lines):
-        match = BEGIN.match(line)
-        if match is None:
-            continue
-        end_line = match["indent"] + END.format(match["type"])
-        ends = [i for i in range(begin + 1, len(lines)) if lines[i] == end_line]
-        if not ends:
-            raise GeneratorError(f"line {begin + 1}: no `{end_line.strip()}` after it")
-        yield match["type"], match["indent"], begin, ends[0]
-
-
 def _sentinel(type_name: str) -> str:
     return f"__generated_core_{type_name}__"
 
@@ -164,12 +140,12 @@ def hand_written(text: str) -> dict[str, Mapping[str, Json]]:
     lines = text.split("\n")
     kept: list[str] = []
     position = 0
-    for type_name, indent, begin, end in _regions(lines):
+    for type_name, indent, begin, end in regions(lines, BEGIN, END):
         kept += [*lines[position:begin], f"{indent}{_sentinel(type_name)}: {{}}"]
         position = end + 1
     document = yaml.safe_load("\n".join(kept + lines[position:]))
     schemas: dict[str, Mapping[str, Json]] = {}
-    for type_name, _, _, _ in _regions(lines):
+    for type_name, _, _, _ in regions(lines, BEGIN, END):
         parent = _find_parent(document, _sentinel(type_name))
         if parent is None:
             raise GeneratorError(f"the core/v1 {type_name} region is not inside a schema's properties")
@@ -204,9 +180,9 @@ def render(text: str, path: Path | None = None) -> str:
     around = hand_written(text)
     out: list[str] = []
     position = 0
-    for type_name, indent, begin, end in _regions(lines):
+    for type_name, indent, begin, end in regions(lines, BEGIN, END):
         properties = generated_properties(type_name, around[type_name], core_schema(type_name, path))
-        body = yaml.dump(properties, Dumper=_Dumper, default_flow_style=None, sort_keys=False, width=120)
+        body = yaml.dump(properties, Dumper=NoAliasDumper, default_flow_style=None, sort_keys=False, width=120)
         out += lines[position:begin + 1]
         out += [indent + line for line in body.splitlines() if properties]
         position = end
@@ -214,20 +190,7 @@ def render(text: str, path: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the CRD is not current; write nothing")
-    args = parser.parse_args(argv)
-    current = CRD.read_text()
-    wanted = render(current)
-    stale = [p for p in (CRD, *COPIES) if p.read_text() != wanted]
-    if args.check:
-        for path in stale:
-            print(f"{path.relative_to(ROOT)} is not current: run {COMMAND}", file=sys.stderr)
-        return 1 if stale else 0
-    for path in stale:
-        path.write_text(wanted)
-        print(f"wrote {path.relative_to(ROOT)} ({len(wanted)} bytes)")
-    return 0
+    return regions_main(argv, command=COMMAND, description=__doc__.split("\n")[0], render=render, crd=CRD, root=ROOT)
 
 
 if __name__ == "__main__":

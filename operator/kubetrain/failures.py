@@ -1,0 +1,289 @@
+"""Failures and backoff: what a failed pod means for the job, what a failed API call means for the operator.
+
+Failure taxonomy (decided from pod status, never guessed):
+- disruption (DisruptionTarget condition, eviction, preemption, node loss, a pod that vanished)
+  -> gang restart that does not count against backoffLimit;
+- OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
+- any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
+- torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds), or the agents'
+  RendezvousConnectionError while node 0 (the rendezvous host) never started -> Failed at once;
+- more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions).
+The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous (a first failure
+that is itself only a consequence, RendezvousClosedError, waits up to CAUSE_WAIT for its cause to be seen).
+
+When carrying out a decision fails, ``failed_reconcile`` decides: pods the API server refuses as invalid
+fail the job; anything else is retried with backoff and shown in condition ReconcileError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from kubetrain import api
+from kubetrain.api import ConditionType, Phase, Reason
+from kubetrain.launch import RENDEZVOUS_HOST_INDEX
+from kubetrain.spec import TrainingJob
+from kubetrain.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
+from kubetrain.status_policy import (
+    Decision,
+    Draft,
+    Event,
+    find_condition,
+    finish,
+    fold_gpu_seconds,
+    progress_not_known_yet,
+)
+
+__all__ = [
+    "CAUSE_WAIT",
+    "HOST_LATE_SLACK",
+    "MAX_RETRY_DELAY",
+    "ApiFailure",
+    "classify",
+    "failed_reconcile",
+    "gang_restart",
+    "handle_failed_pods",
+    "recovered",
+    "retry_delay",
+    "while_retrying",
+]
+
+Json = Any
+
+# How long a failure that only follows another (RendezvousClosedError) waits for that other one to be seen.
+CAUSE_WAIT = timedelta(seconds=5)
+# Timestamps have one-second resolution: a node 0 that started within this of a peer's failure came too late.
+HOST_LATE_SLACK = timedelta(seconds=2)
+# Retries of a failed reconcile back off exponentially up to this many seconds.
+MAX_RETRY_DELAY = 60.0
+
+
+# --- Failed pods ------------------------------------------------------------------------------------------
+
+
+def handle_failed_pods(draft: Draft, current: Sequence[PodState]) -> bool:
+    """Act on the failed pods of this attempt, if any: fail the job or restart the gang. Whether there were any."""
+    failed = sorted((p for p in current if p.phase == "Failed"),
+                    key=lambda p: (p.finish_time or draft.now, p.index))
+    if not failed:
+        return False
+    first = failed[0]
+    if _awaiting_the_cause(draft, first, current):
+        return True
+    timed_out = any(p.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT for p in failed)
+    kind = FailureKind.RENDEZVOUS_TIMEOUT if timed_out or _host_never_came(first, current) else first.failure_kind
+    message = _describe(first)
+    report = first.final_report() or {}
+    if report.get("reason") == "ConfigError":
+        # The trainer rejected its configuration: every retry would fail the same way.
+        _record_failures(draft, failed, Reason.INVALID_CONFIG, message, counted=True)
+        finish(draft, current, False, Reason.INVALID_CONFIG,
+               f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
+    elif kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
+        _record_failures(draft, failed, Reason.OOM_KILLED, message, counted=True)
+        finish(draft, current, False, Reason.OOM_KILLED,
+               f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
+               "(set failurePolicy.restartOnOOM to retry as is)")
+    elif kind is FailureKind.RENDEZVOUS_TIMEOUT:
+        _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True)
+        finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
+    elif kind is FailureKind.DISRUPTION:
+        gang_restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
+    else:
+        gang_restart(draft, current, Reason.POD_FAILED if kind is FailureKind.ERROR else Reason.OOM_KILLED,
+                     message, counted=True, failed=failed)
+    return True
+
+
+def _describe(pod: PodState) -> str:
+    code = f" with exit code {pod.exit_code}" if pod.exit_code is not None else ""
+    node = f" on node {pod.node}" if pod.node else ""
+    return f"pod {pod.name}{node} failed{code} ({pod.reason or 'Error'})"
+
+
+def _awaiting_the_cause(draft: Draft, first: PodState, current: Sequence[PodState]) -> bool:
+    """A RendezvousClosedError is a consequence: a peer's agent closed the rendezvous as it exited (its join
+    timed out, or it failed). While peers still run, wait a moment for that peer's own failure to be seen."""
+    if RENDEZVOUS_CLOSED_ERROR not in (first.message or "") or first.finish_time is None:
+        return False
+    if not any(p.running for p in current) or draft.now >= first.finish_time + CAUSE_WAIT:
+        return False
+    draft.requeue((first.finish_time + CAUSE_WAIT - draft.now).total_seconds())
+    return True
+
+
+def _host_never_came(first: PodState, current: Sequence[PodState]) -> bool:
+    """The agents could not reach the rendezvous store because node 0, which hosts it, had not started: the gang
+    did not form, as surely as when torchrun's join timeout passes (launch.rendezvous_conf makes both waits
+    rendezvousTimeoutSeconds long). Node 0 may be placed the moment a peer gives up and frees its machine, so
+    one that started only then counts as never come."""
+    if RENDEZVOUS_CONNECTION_ERROR not in (first.message or ""):
+        return False
+    host = next((p for p in current if p.index == RENDEZVOUS_HOST_INDEX), None)
+    if host is None or host.phase == "Pending" or host.start_time is None:
+        return True
+    return _started_after_a_peer_gave_up(host, first)
+
+
+def _started_after_a_peer_gave_up(pod: PodState, first: PodState) -> bool:
+    """A pod placed on the machine a peer freed as it gave up, and started before this reconcile saw the peer
+    exit (a process starts in a fraction of a second): it never started in time either."""
+    return (pod.start_time is not None and first.finish_time is not None
+            and pod.start_time >= first.finish_time - HOST_LATE_SLACK)
+
+
+def _rendezvous_timeout_message(draft: Draft, current: Sequence[PodState], first: PodState) -> str:
+    seconds = draft.job.spec.failure_policy.rendezvous_timeout_seconds
+    # Pending, not unscheduled: a pod the scheduler could not place (e.g. one per machine, required) may be
+    # placed the moment its peers exit, before this reconcile sees them; either way it never started in time.
+    late = _host_never_came(first, current)
+    unstarted = [p.name for p in current if p.phase == "Pending" or (late and p.index == RENDEZVOUS_HOST_INDEX)
+                 or _started_after_a_peer_gave_up(p, first)]
+    if unstarted:
+        where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
+    else:
+        where = "every pod started, but not all of them joined (see `kubetrain logs`)"
+    return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
+            f"{seconds}: {where}; not retried, as the same gang would wait the same way")
+
+
+# --- Gang restarts and their limits -------------------------------------------------------------------------
+
+
+def gang_restart(draft: Draft, current: Sequence[PodState], reason: str, message: str, *, counted: bool,
+                 failed: Sequence[PodState] = ()) -> None:
+    """Record the post-mortem, bump the attempt, delete every pod of this attempt; or fail the job when this
+    restart is one too many."""
+    used_up = _restarts_used_up(draft, reason, counted=counted)
+    _record_failures(draft, failed, reason, message, counted=counted)
+    if used_up is not None:
+        final_reason, explanation = used_up
+        finish(draft, current, False, final_reason, f"{message}; {explanation}")
+        return
+    if counted:
+        draft.status["restarts"] = int(draft.status.get("restarts", 0)) + 1
+    elif reason == Reason.DISRUPTED:  # a scale is the user's wish, not a disruption
+        draft.status["disruptions"] = int(draft.status.get("disruptions", 0)) + 1
+    fold_gpu_seconds(draft, current)
+    draft.status["attempt"] = draft.attempt + 1
+    progress_not_known_yet(draft)
+    draft.status.pop("runningTime", None)
+    draft.status.pop("attemptStartTime", None)
+    progress = draft.status.get("progress")
+    if isinstance(progress, dict):
+        progress.pop("resumedFromStep", None)
+    text = f"{message}; gang restart as attempt {draft.attempt}" + ("" if counted else " (not counted)")
+    draft.phase(Phase.RESTARTING, text, Event("Warning", reason, text))
+    draft.condition(ConditionType.RESTARTING, True, reason, text)
+    draft.condition(ConditionType.RUNNING, False, reason, text)
+    draft.remove(current)
+
+
+def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str, str] | None:
+    """(reason, explanation) when this restart is one too many: backoffLimit, or the bound on disruptions."""
+    restarts = int(draft.status.get("restarts", 0))
+    disruptions = int(draft.status.get("disruptions", 0))
+    policy = draft.job.spec.failure_policy
+    if counted and restarts >= policy.backoff_limit:
+        return Reason.BACKOFF_LIMIT, f"backoffLimit={policy.backoff_limit} restarts used up"
+    if not counted and reason == Reason.DISRUPTED and disruptions >= policy.disruption_limit:
+        return Reason.TOO_MANY_DISRUPTIONS, (
+            f"disrupted {disruptions + 1} times (evictions, preemptions, node losses: failurePolicy.disruptionLimit "
+            f"is {policy.disruption_limit}); find out why the cluster keeps stopping the job's pods")
+    return None
+
+
+def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, message: str, *,
+                     counted: bool) -> None:
+    """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod)."""
+    base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
+                             "time": isoformat(draft.now), "message": message[:1024]}
+    records = list(draft.status.get("failures", []))
+    if not failed:
+        records.append(base)
+    for pod in failed:
+        record = base | {"pod": pod.name, "node": pod.node or "", "reason": pod.reason or reason}
+        if pod.exit_code is not None:
+            record["exitCode"] = pod.exit_code
+        if pod.message:  # the post-mortem that outlives the pod (`kubetrain logs --attempt N`)
+            record["logTail"] = pod.message[-api.LOG_TAIL_CHARS:]
+        records.append(record)
+    draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
+
+
+# --- When carrying out a decision fails -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """A failed step of a reconcile, as the pure core sees it (kube.py turns exceptions into these)."""
+
+    status: int | None  # the HTTP status; None when the API server did not answer (timeout, connection)
+    message: str  # the API server's own message, or the error's text
+    creating: str = ""  # "pod NAME" / "service NAME" when the failed call created that object
+    internal: bool = False  # an error of the operator itself, not an answer of the API server
+
+
+def classify(failure: ApiFailure) -> Reason:
+    """The reason a failure is reported under; only INVALID_POD_SPEC is permanent (see failed_reconcile)."""
+    if failure.internal:
+        return Reason.API_ERROR
+    if failure.status == 422 and failure.creating:  # Invalid: the same object would be refused again
+        return Reason.INVALID_POD_SPEC
+    if failure.status == 409 and failure.creating:  # AlreadyExists, and not ours
+        return Reason.NAME_TAKEN
+    if failure.status == 403:  # quota, admission webhooks, RBAC: an administrator may lift it
+        return Reason.QUOTA_EXCEEDED if "exceeded quota" in failure.message else Reason.FORBIDDEN
+    if failure.status is None or failure.status == 429 or failure.status >= 500:
+        return Reason.API_UNAVAILABLE
+    return Reason.API_ERROR
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before retry number ``failures`` (1, 2, 4, ... up to MAX_RETRY_DELAY)."""
+    return min(MAX_RETRY_DELAY, 2.0 ** max(0, failures - 1))
+
+
+def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequence[PodState], failure: ApiFailure,
+                     *, now: datetime, retry_in: float) -> Decision:
+    """The status after a step of the reconcile failed: the job fails when retrying cannot help, else it says
+    that it retries, with the API's message, in condition ReconcileError and the status message."""
+    draft = Draft.from_stored(job, status, now)
+    reason = classify(failure)
+    what = f"creating {failure.creating}" if failure.creating else "reconciling"
+    if reason is Reason.INVALID_POD_SPEC:
+        message = f"the API server rejected {failure.creating}: {failure.message}"
+        if _reconcile_error(status) is not None:
+            draft.condition(ConditionType.RECONCILE_ERROR, False, reason, message)
+        finish(draft, [p for p in pods if p.job_uid == job.uid], False, reason, message)
+        return draft.decision()
+    message = f"retrying in {retry_in:.0f}s: {what} failed: {failure.message}"
+    draft.condition(ConditionType.RECONCILE_ERROR, True, reason, message)
+    draft.status["message"] = message[:1024]
+    draft.events.append(Event("Warning", reason, f"{what} failed: {failure.message}"[:1024]))
+    return draft.decision()
+
+
+def _reconcile_error(status: Mapping[str, Json]) -> Mapping[str, Json] | None:
+    found = find_condition(status, ConditionType.RECONCILE_ERROR)
+    return found if found is not None and found.get("status") == "True" else None
+
+
+def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:
+    """``status`` as written before acting: while a failed step is being retried the message keeps saying so."""
+    error = _reconcile_error(status)
+    if error is None or status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
+        return dict(status)
+    return {**status, "message": error.get("message", "")}
+
+
+def recovered(job: TrainingJob, status: Mapping[str, Json], now: datetime) -> dict[str, Json]:
+    """``status`` once every step of a reconcile succeeded: a ReconcileError condition turns False."""
+    if _reconcile_error(status) is None:
+        return dict(status)
+    draft = Draft.from_stored(job, status, now)
+    draft.condition(ConditionType.RECONCILE_ERROR, False, Reason.RECONCILED, "the last reconcile succeeded")
+    return draft.status

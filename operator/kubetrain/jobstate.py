@@ -1,0 +1,195 @@
+"""What the operator keeps between reconciles: one record per job, in one map, beside the work queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import aiohttp
+
+from kubetrain import api, metrics
+from kubetrain.judgements import ScrapeClock
+from kubetrain.kube import Kube
+from kubetrain.memory import return_freed_memory
+from kubetrain.operator_config import OperatorConfig
+from kubetrain.spec import TrainingJob, parse
+from kubetrain.status import PodState, parse_time
+from kubetrain.workqueue import WorkQueue
+
+__all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory"]
+
+Json = Any
+Key = tuple[str, str]  # (namespace, name)
+HandlerLogger = logging.Logger | logging.LoggerAdapter[Any]
+# A namespace being deleted takes no new pods: its jobs are left alone this long (the namespace controller
+# deletes them meanwhile), instead of each pod's deletion starting a restart the API server refuses.
+TERMINATING_HOLD = 30.0
+OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
+TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
+STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
+RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
+                             api.Reason.SCALED, api.Reason.OOM_KILLED})
+
+
+class _Event(Protocol):
+    @property
+    def reason(self) -> str: ...
+
+
+class PodIndex(Protocol):
+    """Each job's pods as last seen (see podwatch.PodWatch), once their namespace is ``ready``."""
+
+    def get(self, key: Key, default: Iterable[PodState], /) -> Iterable[PodState]: ...
+
+    async def ready(self, namespace: str) -> None: ...
+
+    def release(self, namespace: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What queued a job's reconcile: ``name`` labels its metrics; its messages go to ``logger`` (for a job's own
+    event, kopf's logger of the job, which also posts them as its events); ``body``: the job as that event
+    showed it (None: the reconcile reads it)."""
+
+    name: str
+    logger: HandlerLogger
+    body: Json | None = None
+
+
+@dataclass
+class StoredStatus:
+    """A job's status as last written, and the resourceVersion to write the next one against."""
+
+    status: Mapping[str, Json]
+    version: str
+
+
+@dataclass
+class JobRecord:
+    """One job's memory between its reconciles."""
+
+    # Its body as last seen (its watch event, or the answer to our own status write) and its parsed spec, kept
+    # while it has pods: its many reconciles then read neither the API server nor the spec again. A stale body
+    # cannot write a wrong status (writes are checked against its resourceVersion): the 409 drops it.
+    body: Json | None = None
+    job: TrainingJob | None = None
+    generation: int | None = None  # metadata.generation last reconciled
+    phase: str | None = None  # as the phase tally counts it
+    scrape: ScrapeClock = field(default_factory=ScrapeClock)
+    expected: frozenset[str] = frozenset()  # pods created, not yet seen by the watch...
+    expected_until: float = 0.0  # ...waited for until then (monotonic time)
+    own_writes: list[str] = field(default_factory=list)  # resourceVersions of its last status writes
+    written_at: float = -math.inf  # monotonic time of the last status write
+
+    def parsed(self, body: Json) -> TrainingJob:
+        """The job's spec, parsed again only when it changed: its generation, or labels (which bump no
+        generation)."""
+        metadata = body["metadata"]
+        job = self.job
+        if (job is None or job.uid != metadata.get("uid") or job.generation != int(metadata.get("generation") or 0)
+                or job.labels != (metadata.get("labels") or {})):
+            job = self.job = parse(body, check=False)
+        return job
+
+    def awaiting_own_creations(self, pods: Iterable[PodState], *, now: float) -> bool:
+        """Whether pods this operator created are not in the pod index yet (until expected_until)."""
+        if not self.expected:
+            return False
+        if self.expected <= {p.name for p in pods} or now > self.expected_until:
+            self.expected = frozenset()
+            return False
+        return True
+
+    def wrote(self, body: Json, *, at: float) -> None:
+        """Its status was written at ``at`` (monotonic time): ``body`` is the job now, and its echo is ours."""
+        self.body = body
+        self.written_at = at
+        self.own_writes[:] = [*self.own_writes[-(OWN_WRITES_KEPT - 1):], body["metadata"]["resourceVersion"]]
+
+    def drop_cached(self) -> None:
+        """The next reconcile reads the job from the API server and parses it again."""
+        self.body = None
+        self.job = None
+
+
+@dataclass
+class OperatorState:
+    """Everything the handlers share, created at start-up and kept in kopf's memo; ``queue`` is set by whoever
+    makes it (handlers.operator_state), as it reconciles through this state."""
+
+    config: OperatorConfig
+    kube: Kube
+    http: aiohttp.ClientSession
+    pods: PodIndex
+    queue: WorkQueue[Key, Trigger] = field(init=False)
+    records: dict[Key, JobRecord] = field(default_factory=dict)
+    terminating: dict[str, float] = field(default_factory=dict)  # namespace: when it refused new pods
+    reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity)
+
+    def record(self, key: Key) -> JobRecord:
+        return self.records.setdefault(key, JobRecord())
+
+    def forget(self, key: Key) -> None:
+        """The job is gone; the pod watch of its namespace stops with the namespace's last job. ``records`` holds
+        every job seen since it was last forgotten (a new job's first event waits in ``pods.ready``)."""
+        record = self.records.pop(key, None)
+        self.queue.forget(key)
+        if record is not None and record.phase is not None:
+            self.publish_phases()
+        if not any(namespace == key[0] for namespace, _ in self.records):
+            self.pods.release(key[0])
+
+    def publish_phases(self) -> None:
+        metrics.set_job_phases({key: record.phase for key, record in self.records.items() if record.phase is not None})
+
+    def observe(self, record: JobRecord, job: TrainingJob, before: Mapping[str, Json], after: Mapping[str, Json],
+                events: Iterable[_Event], *, now: datetime) -> None:
+        """Operator metrics from the transition a reconcile made (``after``, with its ``events``)."""
+        phase = after.get("phase", "")
+        for event in events:
+            if event.reason in RESTART_REASONS and phase == api.Phase.RESTARTING:
+                metrics.RESTARTS.labels(reason=event.reason).inc()
+        first_running = phase == api.Phase.RUNNING and before.get("phase") != api.Phase.RUNNING
+        if first_running and int(after.get("attempt", 0)) == 0 and int(after.get("restarts", 0)) == 0:
+            created = parse_time(job.created)
+            if created is not None:
+                metrics.TIME_TO_RUNNING.observe(max(0.0, (now - created).total_seconds()))
+        if record.phase != phase:  # the tally covers every job: not at each of a job's reconciles
+            record.phase = phase
+            self.publish_phases()
+
+    def hold_namespace(self, namespace: str) -> None:
+        """Leave the namespace's jobs alone for TERMINATING_HOLD seconds: it is being deleted."""
+        now = time.monotonic()
+        self.terminating = {ns: since for ns, since in self.terminating.items() if now - since < TERMINATING_HOLD}
+        self.terminating[namespace] = now
+
+    def holds(self, namespace: str) -> bool:
+        return time.monotonic() - self.terminating.get(namespace, -math.inf) < TERMINATING_HOLD
+
+    def keeps_cached(self, key: Key, record: JobRecord) -> bool:
+        """Whether the job is active (it has pods, or is about to): its reconciles come often."""
+        return bool(self.pods.get(key, ())) or bool(record.expected)
+
+
+async def trim_memory(state: OperatorState, *, first_after: float = STARTUP_TRIM_DELAY,
+                      every: float = TRIM_INTERVAL) -> None:
+    """Hand freed memory back to the OS: what start-up freed (the initial listings among it) ``first_after``
+    seconds after it, also when no job ever comes, then every ``every`` seconds in which reconciles ran."""
+    await asyncio.sleep(first_after)
+    return_freed_memory()
+    reconciles_then = state.reconciles
+    while True:
+        await asyncio.sleep(every)
+        if state.reconciles != reconciles_then:
+            return_freed_memory()
+            reconciles_then = state.reconciles

@@ -1,0 +1,43 @@
+"""The operator's settings (see `kubetrain operator --help`), and which namespaces it serves."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from kubetrain import api
+from kubetrain.judgements import Coalescing
+
+__all__ = ["OperatorConfig", "matches_namespace"]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings from the command line (see `kubetrain operator --help`)."""
+
+    progress_interval: float = 10.0  # seconds between scrapes of a running job's metrics
+    trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
+    resync_interval: float = 30.0  # every job is reconciled at least this often
+    api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
+    pod_group_scheduler: str = ""  # a coscheduling scheduler's name: each job gets a PodGroup, its pods that name
+    # --namespace values when one is a pattern: kopf then watches jobs cluster-wide and these pick ours.
+    namespace_patterns: tuple[str, ...] = ()
+    all_namespaces: bool = False  # pods are watched cluster-wide (one watch), else namespace by namespace
+    coalescing: Coalescing = field(default_factory=Coalescing)  # how long a status change that may wait is held back
+    # Jobs reconciled at once for pod changes and timers (a job's own events reconcile in kopf's worker): a
+    # worker waits mostly on the API, whose connection pool (api_connections) bounds the requests anyway.
+    workers: int = 32
+
+    def serves(self, namespace: str) -> bool:
+        """Whether this operator reconciles the jobs of ``namespace`` (kopf watches only such, unless patterns)."""
+        return not self.namespace_patterns or any(matches_namespace(namespace, p) for p in self.namespace_patterns)
+
+
+def matches_namespace(namespace: str, pattern: str) -> bool:
+    """``pattern``: comma-separated globs, ``!`` before those that exclude. A namespace matches when no excluding
+    glob does and an including one does (a pattern of exclusions only, such as ``!kube-*``, includes the rest)."""
+    globs = [glob.strip() for glob in pattern.split(",") if glob.strip()]
+    including = [glob for glob in globs if not glob.startswith("!")] or ["*"]
+    excluding = [glob[1:] for glob in globs if glob.startswith("!")]
+    return (any(fnmatch.fnmatchcase(namespace, glob) for glob in including)
+            and not any(fnmatch.fnmatchcase(namespace, glob) for glob in excluding))

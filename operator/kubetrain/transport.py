@@ -1,0 +1,196 @@
+"""HTTP to the Kubernetes API server: credentials, one session for calls and one for watches, JSON in and out.
+
+kopf already brings aiohttp: no threads, and not the official client, whose import alone costs the operator
+~17 MiB of RSS. Credentials come from kopf's own login functions (``login``; the operator registers it as kopf's
+login handler too). kube.py builds the operator's calls on this; nothing else sends requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kopf
+
+from kubetrain import api
+
+__all__ = ["ApiError", "Login", "Rest", "VersionGoneError", "login"]
+
+Json = Any
+Login = Callable[[], kopf.ConnectionInfo]
+
+HTTP_UNAUTHORIZED = 401
+HTTP_FORBIDDEN = 403
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+HTTP_ERRORS = 400
+NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects in a namespace being deleted
+# Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
+CONNECT_TIMEOUT = 10
+REQUEST_TIMEOUT = 60
+# The API server takes a request's User-Agent (up to the "/") as the field manager of what it writes.
+USER_AGENT = f"{api.OPERATOR_COMPONENT}/{api.RELEASE}"
+# A watch: the API server ends it after WATCH_SECONDS (it is then resumed); silence for longer than
+# WATCH_READ_TIMEOUT is a connection that died unseen (bookmarks come every minute or so).
+WATCH_SECONDS = 300
+WATCH_READ_TIMEOUT = WATCH_SECONDS + 30
+LIST_PAGE = 500  # objects per page of a list
+HTTP_GONE = 410  # a watch's resourceVersion is too old: list again
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge patch
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # what the official client sends for core kinds
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ApiError(Exception):
+    """The API server answered with an error status; ``message`` is its Status object's message."""
+
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        try:
+            return str(json.loads(self.body)["message"])
+        except (TypeError, ValueError, KeyError):
+            return f"{self.status} {self.reason}"
+
+    @property
+    def causes(self) -> set[str]:
+        """The reasons in the Status object's details.causes (e.g. NamespaceTerminating)."""
+        try:
+            return {str(cause.get("reason")) for cause in json.loads(self.body)["details"]["causes"]}
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return set()
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The refusal of a new object in a namespace being deleted."""
+        return self.status == HTTP_FORBIDDEN and NAMESPACE_TERMINATING in self.causes
+
+
+class VersionGoneError(Exception):
+    """A watch asked for a resourceVersion the API server no longer keeps (410): list again."""
+
+
+def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """The operator's credentials: its service account in a pod, else the kubeconfig (KUBECONFIG or
+    ~/.kube/config). kopf's own minimal logins, so that neither kopf nor we need the official client."""
+    info = kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port:  # the address the official client uses in a pod (kopf's is the Service's DNS name)
+            server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+            info = dataclasses.replace(info, server=server)
+        return info
+    info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("neither a service account token nor a kubeconfig (KUBECONFIG, ~/.kube/config)")
+    return _relative_to_kubeconfig(info)
+
+
+def _relative_to_kubeconfig(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
+    """Relative file names in a kubeconfig are relative to its folder (kopf's login reads them as they are)."""
+    first = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
+    folder = Path(first).expanduser().parent
+    changes: dict[str, Any] = {name: str(folder / path) for name in ("ca_path", "certificate_path", "private_key_path")
+               if isinstance(path := getattr(info, name), str) and path and not Path(path).is_absolute()}
+    return dataclasses.replace(info, **changes) if changes else info
+
+
+def _headers(info: kopf.ConnectionInfo) -> dict[str, str]:
+    return {**info.as_http_headers(), "User-Agent": USER_AGENT}
+
+
+class Rest:
+    """JSON over HTTP to the API server; one session, made on first use (in the operator's event loop)."""
+
+    def __init__(self, login: Login, connections: int) -> None:
+        self._login = login
+        self._info = login()
+        self._headers = _headers(self._info)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
+
+    def _log_in_again(self) -> None:
+        """A 401: the token was rotated (a service account's, by the kubelet); read the credentials again."""
+        self._headers = _headers(self._login())
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # The connection limit bounds the calls in flight, as a thread pool did (a gang's pods at once).
+                connector=aiohttp.TCPConnector(limit=self._connections, ssl=self._info.as_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT),
+                proxy=self._info.proxy_url, trust_env=self._info.trust_env,
+            )
+        return self._session
+
+    def _open_for_watches(self) -> aiohttp.ClientSession:
+        """Watches hold their connection for minutes: a pool of their own, so they never take the calls' slots."""
+        if self._watch_session is None:
+            self._watch_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._info.as_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_read=WATCH_READ_TIMEOUT),
+                proxy=self._info.proxy_url, trust_env=self._info.trust_env,
+            )
+        return self._watch_session
+
+    async def close(self) -> None:
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+
+    async def stream(self, path: str, params: Mapping[str, str]) -> AsyncIterator[Json]:
+        """A watch's events, one JSON object each; ApiError for an error status (a 401 logs in again for the
+        next one), VersionGoneError when the watch's resourceVersion is gone."""
+        url = self._info.server.rstrip("/") + path
+        headers = {**self._headers, "Accept": JSON}
+        async with self._open_for_watches().get(url, params=params, headers=headers) as response:
+            if response.status >= HTTP_ERRORS:
+                if response.status == HTTP_UNAUTHORIZED:
+                    self._log_in_again()
+                raise ApiError(response.status, response.reason or "", await response.text())
+            # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
+            pending = b""
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _watch_event(json.loads(line))
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                      body: Json = None, content_type: str = JSON) -> Json:
+        """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens)."""
+        for attempt in range(2):
+            headers = {**self._headers, "Accept": JSON, "Content-Type": content_type}
+            data = None if body is None else json.dumps(body)
+            async with self._open().request(method, self._info.server.rstrip("/") + path, params=params,
+                                            data=data, headers=headers) as response:
+                text = await response.text()
+                if response.status == HTTP_UNAUTHORIZED and attempt == 0:
+                    self._log_in_again()
+                    continue
+                if response.status >= HTTP_ERRORS:
+                    raise ApiError(response.status, response.reason or "", text)
+                return json.loads(text) if text else None
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _watch_event(event: Json) -> Json:
+    """The event, unless it is the API server's error event: VersionGoneError for a 410, else ApiError."""
+    if event.get("type") != "ERROR":
+        return event
+    status = event.get("object") or {}
+    if status.get("code") == HTTP_GONE:
+        raise VersionGoneError(status.get("message", "resourceVersion too old"))
+    raise ApiError(int(status.get("code") or 500), status.get("reason") or "", json.dumps(status))

@@ -1,0 +1,176 @@
+"""A controller's work queue of keys, on asyncio (no kopf, no API client).
+
+A key is processed by one worker at a time; a key added again while it is processed is processed once more
+after (the triggers of a 512-pod gang's creation make a few passes, not 512). Keys added for later wait on a
+timer of their own (``loop.call_at``), never a poll; a failed key comes back after a backoff that grows with
+its consecutive failures, until it succeeds or is forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar, cast
+
+__all__ = ["WorkQueue"]
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")  # why a key was queued, handed to process with it
+LOGGER = logging.getLogger("kubetrain.workqueue")
+
+
+class WorkQueue(Generic[K, R]):
+    """Keys to process with ``process(key, reason)``; ``reason`` says what queued the key (its first add since
+    it was last processed). ``backoff(failures)``: seconds before the retry of a key that failed that often.
+    Ready keys are served by up to ``workers`` tasks, started as keys come and ended when none is left."""
+
+    def __init__(self, process: Callable[[K, R], Awaitable[None]], *, backoff: Callable[[int], float],
+                 workers: int = 16) -> None:
+        self._process = process
+        self._backoff = backoff
+        self._workers_max = workers
+        self._workers: set[asyncio.Task[None]] = set()
+        self._ready: deque[K] = deque()
+        self._queued: dict[K, R] = {}  # ready keys, with why (the deque may hold a key run meanwhile)
+        self._active: set[K] = set()
+        self._again: dict[K, R] = {}  # added while active: once more after
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[K, int] = {}
+        self._idle_waiters: list[asyncio.Future[None]] = []
+
+    def add(self, key: K, reason: R) -> None:
+        """Process ``key`` soon (once more after the pass that runs now, if one does)."""
+        if key in self._active:
+            self._again.setdefault(key, reason)
+        elif key not in self._queued:
+            self._queued[key] = reason
+            self._ready.append(key)
+            self._start_workers()
+
+    def add_at(self, key: K, when: float, reason: R) -> None:
+        """Process ``key`` at ``when`` (time.monotonic()), or at an earlier time already asked for."""
+        pending = self._timers.get(key)
+        if pending is not None and pending[0] <= when:
+            return
+        self.cancel(key)
+        loop = asyncio.get_running_loop()
+        handle = loop.call_at(loop.time() + max(0.0, when - time.monotonic()), self._fire, key, reason)
+        self._timers[key] = (when, handle)
+
+    def add_after(self, key: K, delay: float, reason: R) -> None:
+        self.add_at(key, time.monotonic() + delay, reason)
+
+    def reschedule(self, key: K, delay: float, reason: R) -> None:
+        """Process ``key`` in ``delay`` seconds, instead of when its timer would have fired."""
+        self.cancel(key)
+        self.add_after(key, delay, reason)
+
+    def add_rate_limited(self, key: K, reason: R) -> float:
+        """Count a failure of ``key`` and process it again after the backoff for that count (not sooner for an
+        earlier timer): its delay."""
+        delay = self.next_backoff(key)
+        self._failures[key] = self.failures(key) + 1
+        self.reschedule(key, delay, reason)
+        return delay
+
+    def next_backoff(self, key: K) -> float:
+        """The delay before the retry if ``key`` failed now."""
+        return self._backoff(self.failures(key) + 1)
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    def succeeded(self, key: K) -> None:
+        """Its failures are over: the next one backs off from the start."""
+        self._failures.pop(key, None)
+
+    def due(self, key: K) -> float | None:
+        """When its timer fires (time.monotonic()), None without one."""
+        pending = self._timers.get(key)
+        return None if pending is None else pending[0]
+
+    def cancel(self, key: K) -> None:
+        """Drop its timer."""
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    def forget(self, key: K) -> None:
+        """Drop everything about ``key`` but a pass that runs now."""
+        self.cancel(key)
+        self._failures.pop(key, None)
+        self._queued.pop(key, None)
+        self._again.pop(key, None)
+
+    def busy(self, key: K) -> bool:
+        return key in self._active
+
+    async def run(self, key: K, reason: R) -> None:
+        """Process ``key`` in the caller's task now, as a worker would; if a pass of it runs, once more after
+        that instead (and return at once)."""
+        if key in self._active:
+            self._again.setdefault(key, reason)
+            return
+        self._queued.pop(key, None)
+        self._active.add(key)
+        try:
+            while True:
+                self.cancel(key)  # this pass decides when the key is due next
+                try:
+                    await self._process(key, reason)
+                except Exception:  # a process that raises still gets its key retried
+                    LOGGER.exception("processing %s failed", key)
+                    self.add_rate_limited(key, reason)
+                if key not in self._again:
+                    break
+                reason = self._again.pop(key)
+        finally:
+            self._active.discard(key)
+            self._note_idle()
+
+    async def drained(self) -> None:
+        """Return once no key is ready or being processed (timers may still be pending)."""
+        while self._queued or self._active or self._workers:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
+
+    def close(self) -> None:
+        for key in list(self._timers):
+            self.cancel(key)
+        for worker in list(self._workers):
+            worker.cancel()
+
+    def _fire(self, key: K, reason: R) -> None:
+        self._timers.pop(key, None)
+        self.add(key, reason)
+
+    def _start_workers(self) -> None:
+        while len(self._workers) < min(self._workers_max, len(self._queued)):
+            worker = asyncio.get_running_loop().create_task(self._work(), name="work queue worker")
+            self._workers.add(worker)
+
+    async def _work(self) -> None:
+        try:
+            while self._ready:
+                key = self._ready.popleft()
+                if key not in self._queued:
+                    continue  # run by a caller meanwhile, or forgotten
+                await self.run(key, self._queued[key])
+                # A pass with nothing to write awaits nothing: without this, 200 keys due at once (jobs created
+                # together, so resynced together) would hold every other event for their whole run.
+                await asyncio.sleep(0)
+        finally:  # in the step that saw nothing left, so a key added next starts a worker
+            self._workers.discard(cast("asyncio.Task[None]", asyncio.current_task()))
+            self._note_idle()
+
+    def _note_idle(self) -> None:
+        if self._queued or self._active or self._workers:
+            return
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
