@@ -11,7 +11,6 @@ burst of `kubetrain run` processes checks the local path, which shares the launc
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import yaml
 from bench.cluster import cluster, job_spec
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
+from tests.lab.procs import kill_tree
 
 __all__ = ["BENCHMARKS"]
 
@@ -127,27 +127,14 @@ def _wait_exited(runs: list[subprocess.Popen[bytes]], t0: float) -> tuple[dict[i
         time.sleep(POLL_S)
     left = [i for i in range(len(runs)) if i not in done]
     for i in left:
-        _kill_with_agents(runs[i])
+        kill_tree(runs[i].pid)  # the run and its agents, which run in sessions of their own
+        runs[i].wait()
     return done, left
 
 
 def _start_local(path: Path, workdir: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "kubetrain", "run", str(path), "--workdir", str(workdir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def _kill_with_agents(run: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a `kubetrain run` and what it started (its agents run in sessions of their own)."""
-    import psutil
-
-    try:
-        family = [*psutil.Process(run.pid).children(recursive=True), psutil.Process(run.pid)]
-    except psutil.NoSuchProcess:
-        family = []
-    for process in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    run.wait()
 
 
 def _detail(formed: list[float], stuck: list[str], what: str) -> str:

@@ -20,6 +20,7 @@ from kubetrain.memory import return_freed_memory
 from kubetrain.operator_config import OperatorConfig
 from kubetrain.spec import TrainingJob, parse
 from kubetrain.status import PodState, parse_time
+from kubetrain.status_policy import Event
 from kubetrain.workqueue import WorkQueue
 
 __all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory"]
@@ -35,11 +36,6 @@ TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, whe
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED})
-
-
-class _Event(Protocol):
-    @property
-    def reason(self) -> str: ...
 
 
 class PodIndex(Protocol):
@@ -152,7 +148,7 @@ class OperatorState:
         metrics.set_job_phases({key: record.phase for key, record in self.records.items() if record.phase is not None})
 
     def observe(self, record: JobRecord, job: TrainingJob, before: Mapping[str, Json], after: Mapping[str, Json],
-                events: Iterable[_Event], *, now: datetime) -> None:
+                events: Iterable[Event], *, now: datetime) -> None:
         """Operator metrics from the transition a reconcile made (``after``, with its ``events``)."""
         phase = after.get("phase", "")
         for event in events:

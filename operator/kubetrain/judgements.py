@@ -10,21 +10,21 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from kubetrain import api
 from kubetrain.status import PodState, Scrape, owned_by
+from kubetrain.status_policy import Event
 
 __all__ = ["Coalescing", "Holder", "ScrapeClock", "hands_off", "holder", "name_taken_message", "needs_namespace_probe",
-           "next_look_in",
-           "scrape_address"]
+           "next_look_in", "scrape_address"]
 
 Json = Any
 
 
 @dataclass(frozen=True)
 class Coalescing:
-    """How long a status change that may wait (policy.may_wait) is held back after the last write, to fold into
+    """How long a status change that may wait (status_policy.may_wait) is held back after the last write, to fold into
     the next one: ``status_s`` for counts, messages or progress (a gang's pods starting one by one make one
     write, not one each); ``starting_s`` for Pending to Starting (on a node with the image the pods run within
     seconds, and the write that says Running is then the only one). docs/benchmarks.md measured the defaults."""
@@ -38,7 +38,7 @@ class Coalescing:
 
     def write_by(self, before: Mapping[str, Json], after: Mapping[str, Json], *, may_wait: bool,
                  written_at: float, now: float) -> float | None:
-        """When the change from ``before`` to ``after`` (which ``may_wait``, as policy.may_wait says) must be
+        """When the change from ``before`` to ``after`` (which ``may_wait``, as status_policy.may_wait says) must be
         written at the latest (monotonic time), if that is after ``now``; None when it is written now."""
         write_by = written_at + self.window(before, after)
         return write_by if may_wait and now < write_by else None
@@ -107,12 +107,7 @@ def name_taken_message(kind: str, name: str, job_name: str, by: Holder) -> str:
     return f"{kind} {name} exists and belongs to {owner}; waiting for it to be deleted"
 
 
-class _Event(Protocol):
-    @property
-    def reason(self) -> str: ...
-
-
-def needs_namespace_probe(events: Iterable[_Event]) -> bool:
+def needs_namespace_probe(events: Iterable[Event]) -> bool:
     """Whether the decision restarts the gang for a disruption: deleting a namespace removes its pods before its
     jobs, so the namespace is asked first whether it still takes pods (if not, nothing is restarted)."""
     return any(event.reason == api.Reason.DISRUPTED for event in events)
