@@ -34,7 +34,7 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["operator"]))' >r
 # The distribution maps both packages; the trainer package is pure Python and its heavy dependencies live in
 # the `trainer` extra, which is not installed here.
 COPY README.md ./
-# operator/kubetrain/crd.yaml is a link to this file; the wheel built below holds its contents.
+# operator/kubetrain/core/crd.yaml is a link to this file; the wheel built below holds its contents.
 COPY crds/trainingjobs.kubetrain.io.yaml crds/
 COPY operator/ operator/
 COPY trainer_image/kubetrain_trainer/ trainer_image/kubetrain_trainer/

@@ -219,8 +219,8 @@ def job_spec(code: str, nodes: int) -> Json:
 def bare_objects(name: str, namespace: str, spec: Json) -> list[Json]:
     """The Service and pods the operator would create for a job ``name``, created by hand instead: the same
     command, image, resources and pod spec, with labels renamed so that the operator never sees them."""
-    from kubetrain.manifests import build_pods, build_service
-    from kubetrain.spec import parse
+    from kubetrain.core.manifests import build_pods, build_service
+    from kubetrain.core.spec import parse
 
     body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
@@ -305,7 +305,7 @@ GANG_RESTART = FigureSpec(
 
 def gang_restart_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)
-    from kubetrain import api
+    from kubetrain.core import api
     from tests.lab.jobs import Jobs
 
     namespace = lab.namespace("restart")
@@ -372,7 +372,7 @@ def memory_bench(ctx: Context) -> list[Figure]:
     lab = cluster(ctx)  # run after the other lab benchmarks: the operator has handled their jobs by now
     operator_rss = psutil.Process(lab.operator.process.pid).memory_info().rss
     bare_rss = _rss_after_import("kopf")
-    imports_rss = _rss_after_import("kopf, kubetrain.handlers, kubetrain.operator_main")
+    imports_rss = _rss_after_import("kopf, kubetrain.controller.handlers, kubetrain.controller.operator_main")
     mib = 1024 * 1024
     return [MEMORY.measured(operator_rss / bare_rss,
                             f"operator {operator_rss / mib:.0f} MiB / `import kopf` {bare_rss / mib:.0f} "

@@ -54,10 +54,10 @@ def per_call(fn: Callable[[], object], baseline: Callable[[], object], *, budget
 def running_job_inputs(nodes: int = 2) -> tuple[Any, dict[str, Json], list[Json], datetime]:
     """A running job as the operator sees it: the parsed job, its stored status and its pods as the API
     returns them (rendered by the operator's own manifests, with a running status filled in)."""
-    from kubetrain.lifecycle import reconcile
-    from kubetrain.manifests import build_pods
-    from kubetrain.spec import parse
-    from kubetrain.status import pod_state
+    from kubetrain.core.lifecycle import reconcile
+    from kubetrain.core.manifests import build_pods
+    from kubetrain.core.spec import parse
+    from kubetrain.core.status import pod_state
 
     body = yaml.safe_load(EXAMPLE.read_text())
     body["spec"]["nodes"] = nodes
@@ -94,8 +94,8 @@ RECONCILE = FigureSpec(
 
 
 def reconcile_bench(ctx: Context) -> list[Figure]:
-    from kubetrain.lifecycle import reconcile
-    from kubetrain.status import merge_patch, pod_state
+    from kubetrain.core.lifecycle import reconcile
+    from kubetrain.core.status import merge_patch, pod_state
 
     job, status, pods, now = running_job_inputs()
     wire = json.dumps({"status": status, "pods": pods})
@@ -122,7 +122,7 @@ VALIDATE = FigureSpec(
 
 
 def validate_bench(ctx: Context) -> list[Figure]:
-    from kubetrain.cli import file_problems
+    from kubetrain.cli.commands import file_problems
 
     def validate() -> None:
         assert not file_problems(EXAMPLE)

@@ -103,14 +103,25 @@ class Result:
         return mfu(self.tokens_per_s, self.flops_per_token)
 
 
-def train_steps(shape: Shape, *, batch: int, steps: int, warmup: int, device_name: str, compile_model: bool,
-                compile_mode: str | None = None, compile_loss: bool = True) -> Result:
-    """Build the model, then ``warmup`` untimed and ``steps`` timed optimizer steps on synthetic tokens.
-
-    ``compile_loss`` compiles the model and the cross-entropy as one graph, so the bf16 logits are never
-    materialised in fp32 (an eager loss under autocast upcasts all batch x T x V of them)."""
+def loss_function(model: Any, *, compile_model: bool, compile_loss: bool, mode: str | None) -> Any:
+    """``(x, y) -> loss``: with ``compile_loss`` the model and the cross-entropy compile as one graph, so the
+    bf16 logits are never materialised in fp32 (an eager loss under autocast upcasts all batch x T x V)."""
     import torch
     import torch.nn.functional as F  # noqa: N812 - the conventional alias
+
+    runner: Any = torch.compile(model, mode=mode) if compile_model and not compile_loss else model
+
+    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = runner(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    return torch.compile(forward_loss, mode=mode) if compile_model and compile_loss else forward_loss
+
+
+def train_steps(shape: Shape, *, batch: int, steps: int, warmup: int, device_name: str, compile_model: bool,
+                compile_mode: str | None = None, compile_loss: bool = True) -> Result:
+    """Build the model, then ``warmup`` untimed and ``steps`` timed optimizer steps on synthetic tokens."""
+    import torch
 
     from kubetrain_trainer.models import GPT, GPTConfig
 
@@ -129,12 +140,7 @@ def train_steps(shape: Shape, *, batch: int, steps: int, warmup: int, device_nam
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=cuda)
 
-    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(x)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-
-    runner: Any = torch.compile(model, mode=compile_mode) if compile_model and not compile_loss else model
-    fused: Any = torch.compile(forward_loss, mode=compile_mode) if compile_model and compile_loss else None
+    loss_of = loss_function(model, compile_model=compile_model, compile_loss=compile_loss, mode=compile_mode)
     # A few distinct batches, generated on the device once: no input pipeline in the measurement.
     tokens = torch.randint(0, shape.vocab_size, (4, batch, shape.block_size + 1), device=device)
 
@@ -142,11 +148,7 @@ def train_steps(shape: Shape, *, batch: int, steps: int, warmup: int, device_nam
         seq = tokens[i % tokens.shape[0]]
         x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
-            if fused is not None:
-                loss = fused(x, y)
-            else:
-                logits = runner(x)
-                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            loss: torch.Tensor = loss_of(x, y)
         torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

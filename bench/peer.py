@@ -98,7 +98,7 @@ class PeerOperator:
     """Kubeflow's training operator as a child process with its log in a file."""
 
     def __init__(self, binary: Path, kubeconfig: Path, log_path: Path) -> None:
-        from kubetrain.ports import free_port
+        from kubetrain.cli.ports import free_port
 
         self.binary = binary
         self.kubeconfig = kubeconfig

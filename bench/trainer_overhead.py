@@ -41,7 +41,7 @@ from typing import Any
 
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median, percentile
-from kubetrain.ports import free_port
+from kubetrain.cli.ports import free_port
 
 __all__ = [
     "BENCHMARKS",

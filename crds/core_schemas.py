@@ -1,7 +1,7 @@
 """Structural schemas for the core/v1 types a TrainingJob embeds, generated from Kubernetes' own OpenAPI.
 
 `python -m crds.core_schemas` (from the repository's root) rewrites the generated regions of
-crds/trainingjobs.kubetrain.io.yaml, the one CRD file: the package's operator/kubetrain/crd.yaml and the
+crds/trainingjobs.kubetrain.io.yaml, the one CRD file: the package's operator/kubetrain/core/crd.yaml and the
 chart's charts/kubetrain/crds/ hold links to it. `--check` only says whether it is current. The source is
 the OpenAPI v3 document of the Kubernetes version the lab builds (tests/lab/versions.py), read from the Go
 module cache that `python -m tests.lab build` fills; only the lab's go.mod and proxy settings locate it, hence

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kubetrain.__main__ import main
-from kubetrain.operator_config import OperatorConfig
+from kubetrain.controller.operator_config import OperatorConfig
 
 
 @dataclass(frozen=True)

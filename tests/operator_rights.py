@@ -18,7 +18,7 @@ import ast
 import re
 from pathlib import Path
 
-from kubetrain import api
+from kubetrain.core import api
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = ROOT / "operator" / "kubetrain"
@@ -28,7 +28,8 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 # Client method verbs -> RBAC verbs (a watch is a list with watch=true: the pod watch names it watch_...).
 VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create": "create", "patch": "patch",
          "replace": "update", "delete": "delete"}
-KUBE_USERS = ("handlers.py", "podwatch.py")  # the modules that call Kube (as state.kube, kube or self._kube)
+# The modules that call Kube (as state.kube, kube or self._kube).
+KUBE_USERS = ("controller/handlers.py", "k8s/podwatch.py")
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, and its one custom resource.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
          "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL)}
@@ -51,7 +52,7 @@ def _tree(name: str) -> ast.Module:
 
 def _kube_references() -> dict[str, tuple[set[str], set[str]]]:
     """For each method of class Kube: (client methods it names, other Kube methods it uses)."""
-    kube = next(node for node in _tree("kube.py").body if isinstance(node, ast.ClassDef) and node.name == "Kube")
+    kube = next(node for node in _tree("k8s/kube.py").body if isinstance(node, ast.ClassDef) and node.name == "Kube")
     result: dict[str, tuple[set[str], set[str]]] = {}
     for method in kube.body:
         if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -106,7 +107,7 @@ def kopf_rules() -> set[Rule]:
     """What kopf itself reads and writes for the handlers the operator registers (see the module's text)."""
     import kopf
 
-    import kubetrain.handlers  # noqa: F401 - registers the handlers in kopf's default registry
+    import kubetrain.controller.handlers  # noqa: F401 - registers the handlers in kopf's default registry
 
     registry = kopf.get_default_registry()
     # Handlers that keep state on the object (on.create/update/delete, timers, daemons) make kopf patch it and

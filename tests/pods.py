@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubetrain.status import PodState, pod_state
+from kubetrain.core.status import PodState, pod_state
 
 Json = Any
 T0 = "2026-11-01T10:00:00Z"

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kubetrain.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
+from kubetrain.core.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
 from tests.operator_rights import DISCOVERY_RULES, operator_rules
 from tests.test_chart_support import (
     CHART,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubetrain.operator_main import LOG_FORMATS, LOG_LEVELS
+from kubetrain.controller.operator_main import LOG_FORMATS, LOG_LEVELS
 from tests.operator_cli import Launch, launch_operator
 from tests.test_chart_support import CHART, CI_VALUES, one, render
 

@@ -10,13 +10,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kubetrain import api, operator_main
 from kubetrain.__main__ import main as kubetrain_main
-from kubetrain.cli import main
-from kubetrain.local import plan_local_run
-from kubetrain.operator_main import LOG_FORMATS
-from kubetrain.schema import field_problems
-from kubetrain.spec import parse
+from kubetrain.cli.commands import main
+from kubetrain.cli.local import plan_local_run
+from kubetrain.controller import operator_main
+from kubetrain.controller.operator_main import LOG_FORMATS
+from kubetrain.core import api
+from kubetrain.core.schema import field_problems
+from kubetrain.core.spec import parse
 from tests.invalid_specs import base_job
 from tests.lab.lab import Lab
 from tests.operator_cli import launch_operator

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain import api
-from kubetrain.manifests import RUN_AS_USER, build_pod
-from kubetrain.spec import parse
+from kubetrain.core import api
+from kubetrain.core.manifests import RUN_AS_USER, build_pod
+from kubetrain.core.spec import parse
 from kubetrain_trainer import config as trainer_config
 from tests.invalid_specs import base_job
 

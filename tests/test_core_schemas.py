@@ -29,8 +29,8 @@ from crds.core_schemas import (
     render,
     structural,
 )
-from kubetrain import schema
-from kubetrain.schema import crd_schema
+from kubetrain.core import schema
+from kubetrain.core.schema import crd_schema
 from tests.lab import oci
 
 Json = Any
@@ -58,7 +58,7 @@ def test_the_operator_image_copies_what_its_links_point_to() -> None:
     dockerfile = ROOT / "Dockerfile"
     copied = [path.rstrip("/") for path in oci.copied_paths(dockerfile)]
     links = [ROOT / name for name in oci.context_files(dockerfile) if (ROOT / name).is_symlink()]
-    assert ROOT / "operator" / "kubetrain" / "crd.yaml" in links
+    assert ROOT / "operator" / "kubetrain" / "core" / "crd.yaml" in links
     for link in links:
         target = str(link.resolve().relative_to(ROOT))
         assert any(target == path or target.startswith(path + "/") for path in copied), (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubetrain.spec import validate
+from kubetrain.core.spec import validate
 from tests.invalid_specs import INVALID, Case, base_job
 from tests.lab.lab import Lab
 from tests.lab.namespaces import delete_namespace
@@ -71,7 +71,7 @@ def test_server_and_cli_accept_the_examples(lab: Lab, shared_namespace: str, pat
 
 @pytest.mark.usefixtures("crd")
 def test_server_applies_the_same_defaults(lab: Lab, namespace: str) -> None:
-    from kubetrain.schema import apply_defaults, crd_schema
+    from kubetrain.core.schema import apply_defaults, crd_schema
 
     created = lab.api.post(f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs", base_job())
     assert created["spec"] == apply_defaults(crd_schema(), base_job())["spec"]

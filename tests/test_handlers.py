@@ -20,12 +20,13 @@ import kopf
 import pytest
 from kopf._core.engines import posting
 
-from kubetrain import handlers, jobstate, kopf_setup, metrics, spec
-from kubetrain.judgements import Coalescing, ScrapeClock
-from kubetrain.kube import ApiError, Kube
-from kubetrain.operator_config import OperatorConfig
-from kubetrain.status import Progress, Scrape, pod_state
-from kubetrain.status_policy import SCRAPE_RECHECK_SECONDS
+from kubetrain.controller import handlers, jobstate, kopf_setup, metrics
+from kubetrain.controller.operator_config import OperatorConfig
+from kubetrain.core import spec
+from kubetrain.core.judgements import Coalescing, ScrapeClock
+from kubetrain.core.status import Progress, Scrape, pod_state
+from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS
+from kubetrain.k8s.kube import ApiError, Kube
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod

@@ -14,9 +14,10 @@ import click
 import pytest
 import yaml
 
-from kubetrain import api, operator_main
-from kubetrain.cli import main
-from kubetrain.schema import crd_schema
+from kubetrain.cli.commands import main
+from kubetrain.controller import operator_main
+from kubetrain.core import api
+from kubetrain.core.schema import crd_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kubetrain"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain.api import DEFAULT_TRAINER_IMAGE
+from kubetrain.core.api import DEFAULT_TRAINER_IMAGE
 from tests.lab import oci
 from tests.lab.versions import cache_root
 from tests.test_chart_support import ROOT, one, render

@@ -1,4 +1,4 @@
-"""The reconcile's judgements on what it read (kubetrain/judgements.py), table by table: no I/O."""
+"""The reconcile's judgements on what it read (kubetrain/core/judgements.py), table by table: no I/O."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kubetrain import judgements
-from kubetrain.judgements import Coalescing, Holder, ScrapeClock
-from kubetrain.status import PodState, Progress, Scrape
+from kubetrain.core import judgements
+from kubetrain.core.judgements import Coalescing, Holder, ScrapeClock
+from kubetrain.core.status import PodState, Progress, Scrape
 
 Json = Any
 UID, NAME = "uid-1", "train"

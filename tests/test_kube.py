@@ -18,8 +18,9 @@ import kopf
 import pytest
 from aiohttp import web
 
-from kubetrain import api, kube
-from kubetrain.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, VersionGoneError, api_failure
+from kubetrain.core import api
+from kubetrain.k8s import kube
+from kubetrain.k8s.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, VersionGoneError, api_failure
 
 Json = Any
 JOBS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/ns/{api.PLURAL}"
@@ -275,8 +276,9 @@ def report(*_, **__):
     logins = [h.id for h in registry._activities.get_handlers(activity=Activity.AUTHENTICATION)]
     print(json.dumps({"kubernetes": sys.modules.get("kubernetes") is not None,
                       "validators": sorted(m for m in ("jsonschema", "celpy") if m in sys.modules),
-                      "click": sorted(m for m in ("click", "kubetrain.cli") if m in sys.modules),
-                      "loaded": sorted(m for m in ("kopf", "kubetrain.handlers", "kubetrain.kube") if m in sys.modules),
+                      "click": sorted(m for m in ("click", "kubetrain.cli.commands") if m in sys.modules),
+                      "loaded": sorted(m for m in ("kopf", "kubetrain.controller.handlers", "kubetrain.k8s.kube")
+                                       if m in sys.modules),
                       "logins": logins, "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
                       "frozenlist_extension": "frozenlist._frozenlist" in sys.modules,
                       "aiohttp_default_cas": sys.modules["aiohttp.connector"]._SSL_CONTEXT_VERIFIED.cert_store_stats(),
@@ -299,7 +301,7 @@ def test_the_operator_process_never_loads_the_official_client() -> None:
     assert facts["kubernetes"] is False
     assert facts["validators"] == [], "the API server validates jobs; the operator need not hold a validator"
     assert facts["click"] == [], "the CLI's click: 1 MiB of the operator's memory"
-    assert facts["loaded"] == ["kopf", "kubetrain.handlers", "kubetrain.kube"]
+    assert facts["loaded"] == ["kopf", "kubetrain.controller.handlers", "kubetrain.k8s.kube"]
     assert [login.split(".")[-1] for login in facts["logins"]] == ["login_handler"]  # not kopf's client login
     assert facts["frozenlist_extension"] is False, "it maps libstdc++ (1.1 MB)"
     assert facts["aiohttp_default_cas"]["x509_ca"] == 0, "the system's CAs in a context nothing uses (1.6 MB)"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain import api
-from kubetrain.local import plan_local_run
-from kubetrain.manifests import build_pod
-from kubetrain.spec import TrainingJob, parse
+from kubetrain.cli.local import plan_local_run
+from kubetrain.core import api
+from kubetrain.core.manifests import build_pod
+from kubetrain.core.spec import TrainingJob, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 

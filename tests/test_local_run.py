@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain.local import path_with_interpreter, plan_local_run
-from kubetrain.spec import parse
+from kubetrain.cli.local import path_with_interpreter, plan_local_run
+from kubetrain.core.spec import parse
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetrain import api, logs
-from kubetrain.logs import LogPod, _lines, failure_lines, keep_line, pods_of_attempt, prefixed
+from kubetrain.cli import logs
+from kubetrain.cli.logs import LogPod, _lines, failure_lines, keep_line, pods_of_attempt, prefixed
+from kubetrain.core import api
 
 
 def _pod(name: str, node: int, attempt: int) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def test_a_failed_attempt_is_told_from_the_status_with_its_log_tail() -> None:
 
 
 def test_a_failed_pods_log_tail_outlives_it_bounded() -> None:
-    from kubetrain.lifecycle import reconcile
+    from kubetrain.core.lifecycle import reconcile
     from tests.pods import pod, states
     from tests.test_policy import NOW, job, running
 

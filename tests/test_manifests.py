@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from kubetrain import api
-from kubetrain.manifests import build_pod, build_pod_group, build_pods, build_service
-from kubetrain.spec import TrainingJob, parse
+from kubetrain.core import api
+from kubetrain.core.manifests import build_pod, build_pod_group, build_pods, build_service
+from kubetrain.core.spec import TrainingJob, parse
 from tests.invalid_specs import base_job
 
 ROOT = Path(__file__).parent.parent

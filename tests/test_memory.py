@@ -1,4 +1,4 @@
-"""The operator hands memory it freed back to the OS (kubetrain.memory), in a fresh process."""
+"""The operator hands memory it freed back to the OS (kubetrain.controller.memory), in a fresh process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 PROBE = """
 import psutil
-from kubetrain.memory import return_freed_memory
+from kubetrain.controller.memory import return_freed_memory
 process = psutil.Process()
 chunks = [bytes(2048) + bytes([i % 256]) for i in range(100_000)]  # ~200 MiB in glibc's heap, as watch events are
 keep = chunks[-1]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kubetrain import api
+from kubetrain.core import api
 from tests.lab.images import exec_only_image
 from tests.lab.jobs import Jobs, phase_recorder
 from tests.lab.lab import Lab
@@ -386,7 +386,7 @@ def test_elastic_job_shrinks_in_place_without_a_restart(lab: Lab, jobs: Jobs) ->
 def test_watch_follows_a_job_to_its_end(lab: Lab, jobs: Jobs) -> None:
     jobs.create("watched", spec("import time; time.sleep(3)"))
     watcher = subprocess.run(
-        [sys.executable, "-m", "kubetrain.cli", "watch", "watched", "-n", jobs.namespace, "--timeout=180"],
+        [sys.executable, "-m", "kubetrain.cli.commands", "watch", "watched", "-n", jobs.namespace, "--timeout=180"],
         env={**os.environ, "KUBECONFIG": str(lab.kubeconfig), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=200, check=False,
     )

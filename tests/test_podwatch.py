@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kubetrain import podwatch
-from kubetrain.kube import ApiError, VersionGoneError
-from kubetrain.podwatch import PodWatch
+from kubetrain.k8s import podwatch
+from kubetrain.k8s.kube import ApiError, VersionGoneError
+from kubetrain.k8s.podwatch import PodWatch
 from tests.pods import pod
 
 Json = Any

@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kubetrain.failures import ApiFailure, classify, failed_reconcile, recovered, retry_delay, while_retrying
-from kubetrain.lifecycle import reconcile
-from kubetrain.spec import TrainingJob, parse
-from kubetrain.status import Progress, Scrape
-from kubetrain.status_policy import SCRAPE_RECHECK_SECONDS, Decision, may_wait, must_persist_before_acting
+from kubetrain.core.failures import ApiFailure, classify, failed_reconcile, recovered, retry_delay, while_retrying
+from kubetrain.core.lifecycle import reconcile
+from kubetrain.core.spec import TrainingJob, parse
+from kubetrain.core.status import Progress, Scrape
+from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Decision, may_wait, must_persist_before_acting
 from tests.invalid_specs import base_job
 from tests.pods import pod, states
 from tests.status_schema import assert_valid_status

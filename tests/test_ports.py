@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain import ports
+from kubetrain.cli import ports
 
 
 def test_ports_come_from_below_the_kernels_ephemeral_range_and_the_node_port_range() -> None:

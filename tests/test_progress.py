@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 
-from kubetrain import progress as progress_module
-from kubetrain.ports import free_port
-from kubetrain.progress import fetch_progress, parse_progress, read_progress
-from kubetrain.status import Scrape, progress_status
+from kubetrain.cli.ports import free_port
+from kubetrain.core.progress import parse_progress, read_progress
+from kubetrain.core.status import Scrape, progress_status
+from kubetrain.k8s import scrape as scrape_module
+from kubetrain.k8s.scrape import fetch_progress
 from tests.status_schema import assert_valid_status
 
 NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
@@ -99,7 +100,7 @@ def silent_port() -> Iterator[int]:
 
 def test_a_rank_0_that_does_not_answer_is_a_failed_scrape(silent_port: int,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress_module, "SCRAPE_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(scrape_module, "SCRAPE_TIMEOUT_SECONDS", 0.2)
     result = scrape(silent_port)
     assert result.failed and "did not answer" in (result.error or "")
 

@@ -257,7 +257,7 @@ def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InClust
 
 def _kubetrain_logs(lab: Lab, namespace: str, *args: str) -> subprocess.Popen[str]:
     """`kubetrain logs` as a user runs it, in its own process (the client reads KUBECONFIG at import)."""
-    return subprocess.Popen([sys.executable, "-m", "kubetrain.cli", "logs", "-n", namespace, *args],
+    return subprocess.Popen([sys.executable, "-m", "kubetrain.cli.commands", "logs", "-n", namespace, *args],
                             env={**os.environ, "KUBECONFIG": str(lab.kubeconfig)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

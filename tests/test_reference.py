@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubetrain.reference import render_reference
-from kubetrain.schema import crd_schema
+from kubetrain.core.reference import render_reference
+from kubetrain.core.schema import crd_schema
 
 REFERENCE = Path(__file__).parent.parent / "docs" / "trainingjob-reference.md"
 
 
 def test_reference_matches_the_crd() -> None:
     assert REFERENCE.read_text() == render_reference(), (
-        "run: python -m kubetrain.reference > docs/trainingjob-reference.md")
+        "run: python -m kubetrain.core.reference > docs/trainingjob-reference.md")
 
 
 def test_every_spec_field_is_documented() -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kubetrain.ports import free_port_range
-from kubetrain.progress import parse_progress
-from kubetrain.status import progress_status
+from kubetrain.cli.ports import free_port_range
+from kubetrain.core.progress import parse_progress
+from kubetrain.core.status import progress_status
 from kubetrain_trainer import Reporter
 from tests.trainer_helpers import REPO, scrape
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kubetrain.schema import crd_schema
-from kubetrain.spec import SpecError, parse, validate
+from kubetrain.core.schema import crd_schema
+from kubetrain.core.spec import SpecError, parse, validate
 from tests.invalid_specs import INVALID, Case, base_job
 
 EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))

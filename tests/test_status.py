@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kubetrain.manifests import build_pod
-from kubetrain.spec import parse
-from kubetrain.status import (
+from kubetrain.core.manifests import build_pod
+from kubetrain.core.spec import parse
+from kubetrain.core.status import (
     MAX_COUNT,
     FailureKind,
     Progress,
@@ -99,7 +99,7 @@ def test_final_report_is_read_from_the_termination_message() -> None:
 
 
 def test_merge_patch_sets_changes_and_nulls_removed_keys() -> None:
-    from kubetrain.status import merge_patch
+    from kubetrain.core.status import merge_patch
 
     old = {"phase": "Running", "runningTime": "t", "progress": {"step": 1, "resumedFromStep": 0}, "restarts": 0}
     new = {"phase": "Restarting", "progress": {"step": 1}, "restarts": 0, "attempt": 1}

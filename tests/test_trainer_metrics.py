@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kubetrain.ports import free_port_range
+from kubetrain.cli.ports import free_port_range
 from tests.trainer_helpers import (
     Result,
     run_trainer,

@@ -18,7 +18,7 @@ import pytest
 
 from crds import trainer_schema
 from crds.trainer_schema import CRD, GeneratorError, load_schema, render
-from kubetrain import schema as crd_validation
+from kubetrain.core import schema as crd_validation
 from kubetrain_trainer import config
 from kubetrain_trainer.config import ConfigError, parse_config
 from tests.invalid_specs import base_job

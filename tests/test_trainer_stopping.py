@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kubetrain.ports import free_port_range
+from kubetrain.cli.ports import free_port_range
 from kubetrain_trainer.metrics import TrainerMetrics
 from kubetrain_trainer.stopping import STOP_PATIENCE_MIN_SECONDS, STOP_PATIENCE_STEPS, StopFlag, stop_patience
 from tests.trainer_helpers import scrape, start_trainer, stop_process_group, wait_for

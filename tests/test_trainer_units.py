@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from kubetrain.ports import free_port_range
+from kubetrain.cli.ports import free_port_range
 from kubetrain_trainer import checkpoint as checkpoint_module
 from kubetrain_trainer.checkpoint import Checkpointer, TrainState, list_checkpoints
 from kubetrain_trainer.config import ConfigError, RunEnv, load_config, parse_config

@@ -86,7 +86,7 @@ def scripted_apiserver(tmp_path: Path) -> Iterator[type[ScriptedWatch]]:
 def watch(tmp_path: Path, timeout: int) -> subprocess.CompletedProcess[str]:
     """The CLI, in its own process: the kubernetes client reads KUBECONFIG when it is first imported."""
     return subprocess.run(
-        [sys.executable, "-m", "kubetrain.cli", "watch", "j", "-n", "ns", f"--timeout={timeout}"],
+        [sys.executable, "-m", "kubetrain.cli.commands", "watch", "j", "-n", "ns", f"--timeout={timeout}"],
         env={**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig"), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=timeout + 30, check=False)
 
@@ -126,7 +126,7 @@ def test_watch_survives_an_api_server_restart_and_exits_0_when_the_job_succeeds(
     log = tmp_path / "watch.out"
     with log.open("w") as out:
         watcher = subprocess.Popen(
-            [sys.executable, "-m", "kubetrain.cli", "watch", "long", "-n", jobs.namespace, "--timeout=300"],
+            [sys.executable, "-m", "kubetrain.cli.commands", "watch", "long", "-n", jobs.namespace, "--timeout=300"],
             env={**os.environ, "KUBECONFIG": str(lab.kubeconfig), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
             stdout=out, stderr=subprocess.STDOUT)
     try:

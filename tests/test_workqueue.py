@@ -1,4 +1,4 @@
-"""The work queue's semantics (kubetrain/workqueue.py), on a bare event loop: no cluster, no kopf."""
+"""The work queue's semantics (kubetrain/k8s/workqueue.py), on a bare event loop: no cluster, no kopf."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kubetrain.workqueue import WorkQueue
+from kubetrain.k8s.workqueue import WorkQueue
 
 
 @dataclass

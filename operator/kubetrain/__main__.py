@@ -1,5 +1,5 @@
 """`kubetrain` (the console script) and `python -m kubetrain`: `kubetrain operator ...` starts the operator
-without importing the click CLI (operator_main.py says why); every other command is the click CLI (cli.py)."""
+without importing the click CLI (operator_main.py says why); every other command is the click CLI (cli/commands.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["operator"]:
-        from kubetrain.operator_main import run
+        from kubetrain.controller.operator_main import run
 
         sys.exit(run(args[1:]))
-    from kubetrain.cli import main as cli
+    from kubetrain.cli.commands import main as cli
 
     cli(args, prog_name="kubetrain")
 

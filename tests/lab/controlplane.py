@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetrain.ports import free_port
+from kubetrain.cli.ports import free_port
 from tests.lab.build import ensure_binary
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.pki import CertFiles, Pki

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kubetrain.ports import free_port
+from kubetrain.cli.ports import free_port
 from tests.lab.procs import stop_group, wait_for
 
 

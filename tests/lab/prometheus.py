@@ -26,7 +26,7 @@ from typing import Any
 import requests
 import yaml
 
-from kubetrain.ports import free_port
+from kubetrain.cli.ports import free_port
 from tests.lab.lab import Lab
 from tests.lab.procs import ManagedProcess, wait_for
 from tests.lab.rest import JSON, ApiError

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from kubetrain.api import Phase
+from kubetrain.core.api import Phase
 
 __all__ = [
     "JOBS",

@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubetrain.api import ConditionType, Phase, Reason
-from kubetrain.failures import gang_restart, handle_failed_pods
-from kubetrain.naming import job_selector, pod_name
-from kubetrain.spec import TrainingJob
-from kubetrain.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time
-from kubetrain.status_policy import (
+from kubetrain.core.api import ConditionType, Phase, Reason
+from kubetrain.core.failures import gang_restart, handle_failed_pods
+from kubetrain.core.naming import job_selector, pod_name
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time
+from kubetrain.core.status_policy import (
     Decision,
     Draft,
     Event,

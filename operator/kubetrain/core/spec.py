@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from kubetrain import api
-from kubetrain.schema import Problem, apply_defaults, crd_schema, validate_object
+from kubetrain.core import api
+from kubetrain.core.schema import Problem, apply_defaults, crd_schema, validate_object
 
 __all__ = [
     "CheckpointSpec",

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, cast
 import kopf
 
 if TYPE_CHECKING:
-    from kubetrain.kube import Kube
+    from kubetrain.k8s.kube import Kube
 
-from kubetrain import api
+from kubetrain.core import api
 
 __all__ = ["WORKER_IDLE_S", "configure", "scanning_needed"]
 

@@ -1,6 +1,6 @@
 """`kubetrain operator`: its arguments and its start, without click.
 
-The operator's process never imports the click CLI (cli.py): click's modules alone were 1 MiB of the idle
+The operator's process never imports the click CLI (cli/commands.py): click's modules alone were 1 MiB of the idle
 operator's 45 (on the lab, 3 starts each: 45.3-45.5 MiB with click, 44.4-44.5 without). `kubetrain operator`
 gets here from the console script's dispatcher (kubetrain/__main__.py), and from click's `operator` command,
 which hands its arguments over unparsed: the options are defined here only.
@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from kubetrain import api
-from kubetrain.memory import leave_out_what_the_operator_does_not_use
+from kubetrain.controller.memory import leave_out_what_the_operator_does_not_use
+from kubetrain.core import api
 
 __all__ = ["DESCRIPTION", "LOG_FORMATS", "LOG_LEVELS", "POD_GROUP_HELP", "TRAINER_IMAGE_HELP", "parser",
            "run", "trainer_image_problem"]
@@ -37,7 +37,7 @@ def trainer_image_problem(value: str) -> str:
     CRD, 0.8 MB of an idle operator's memory."""
     if value == api.DEFAULT_TRAINER_IMAGE:
         return ""
-    from kubetrain.schema import field_problems
+    from kubetrain.core.schema import field_problems
 
     return "; ".join(problem.message for problem in field_problems("spec.image", value))
 
@@ -92,8 +92,8 @@ def run(argv: Sequence[str]) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from kubetrain import handlers  # noqa: F401 - registers the handlers in kopf's default registry
-    from kubetrain.operator_config import OperatorConfig
+    from kubetrain.controller import handlers  # noqa: F401 - registers the handlers in kopf's default registry
+    from kubetrain.controller.operator_config import OperatorConfig
 
     namespaces = tuple(args.namespaces)
     patterns = namespace_patterns(namespaces)

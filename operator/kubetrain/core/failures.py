@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubetrain import api
-from kubetrain.api import ConditionType, Phase, Reason
-from kubetrain.launch import RENDEZVOUS_HOST_INDEX
-from kubetrain.spec import TrainingJob
-from kubetrain.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
-from kubetrain.status_policy import (
+from kubetrain.core import api
+from kubetrain.core.api import ConditionType, Phase, Reason
+from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
+from kubetrain.core.status_policy import (
     Decision,
     Draft,
     Event,

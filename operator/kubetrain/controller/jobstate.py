@@ -13,15 +13,16 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from kubetrain import api, metrics
-from kubetrain.judgements import ScrapeClock
-from kubetrain.kube import Kube
-from kubetrain.memory import return_freed_memory
-from kubetrain.operator_config import OperatorConfig
-from kubetrain.spec import TrainingJob, parse
-from kubetrain.status import PodState, parse_time
-from kubetrain.status_policy import Event
-from kubetrain.workqueue import WorkQueue
+from kubetrain.controller import metrics
+from kubetrain.controller.memory import return_freed_memory
+from kubetrain.controller.operator_config import OperatorConfig
+from kubetrain.core import api
+from kubetrain.core.judgements import ScrapeClock
+from kubetrain.core.spec import TrainingJob, parse
+from kubetrain.core.status import PodState, parse_time
+from kubetrain.core.status_policy import Event
+from kubetrain.k8s.kube import Kube
+from kubetrain.k8s.workqueue import WorkQueue
 
 __all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from kubetrain import api
-from kubetrain.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
-from kubetrain.naming import identity_labels, job_labels, pod_name
-from kubetrain.spec import TrainingJob, thaw
+from kubetrain.core import api
+from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
+from kubetrain.core.naming import identity_labels, job_labels, pod_name
+from kubetrain.core.spec import TrainingJob, thaw
 
 __all__ = [
     "build_pod",

@@ -25,12 +25,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kubetrain import api
-from kubetrain.launch import Placement, launch_env, program_args
-from kubetrain.ports import free_port, free_port_range
-from kubetrain.progress import parse_progress
-from kubetrain.spec import TrainingJob
-from kubetrain.status import Progress as TrainingProgress
+from kubetrain.cli.ports import free_port, free_port_range
+from kubetrain.core import api
+from kubetrain.core.launch import Placement, launch_env, program_args
+from kubetrain.core.progress import parse_progress
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import Progress as TrainingProgress
 
 __all__ = ["LocalRun", "plan_local_run", "run_local"]
 

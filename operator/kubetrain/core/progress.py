@@ -1,4 +1,4 @@
-"""Training progress from the trainer's Prometheus endpoint (rank 0 of pod 0).
+"""Training progress from the trainer's Prometheus page (rank 0 of pod 0); k8s/scrape.py fetches it.
 
 Global rank 0 serves the job-wide series (all-reduced loss, the global step, samples); torchrun orders the
 nodes of a rendezvous by FQDN, so pod 0's local rank 0 is global rank 0, and the operator reads it there
@@ -12,16 +12,12 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetrain import api
-from kubetrain.status import MAX_SAMPLES_PER_SECOND, MAX_SECONDS_PER_STEP, Progress, Scrape, count, in_range
+from kubetrain.core.status import MAX_SAMPLES_PER_SECOND, MAX_SECONDS_PER_STEP, Progress, Scrape, count, in_range
 
-__all__ = ["fetch_progress", "parse_progress", "read_progress"]
+__all__ = ["parse_progress", "read_progress"]
 
-# How long one scrape may take: the reconcile loop must never wait on a slow trainer.
-SCRAPE_TIMEOUT_SECONDS = 3.0
 # The latest heartbeat a datetime can hold (9999-12-31T23:59:59Z).
 MAX_TIMESTAMP = 253402300799.0
 
@@ -83,17 +79,3 @@ def read_progress(text: str) -> Scrape:
 def parse_progress(text: str) -> Progress | None:
     """Progress from a metrics page; None when the page has no training step yet (or does not parse)."""
     return read_progress(text).progress
-
-
-async def fetch_progress(session: aiohttp.ClientSession, pod_ip: str, port: int = api.METRICS_PORT) -> Scrape:
-    """Scrape one endpoint; a failed Scrape when it cannot be read (connection refused, timeout, HTTP error)."""
-    url = f"http://{pod_ip}:{port}/metrics"
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)) as response:
-            if response.status != 200:
-                return Scrape(error=f"{url} answered HTTP {response.status}")
-            return read_progress(await response.text())
-    except TimeoutError:
-        return Scrape(error=f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
-    except (aiohttp.ClientError, UnicodeDecodeError) as error:
-        return Scrape(error=f"{url}: {type(error).__name__}: {error}"[:256])

@@ -13,9 +13,9 @@ from typing import Any
 
 import aiohttp
 
-from kubetrain import api
-from kubetrain.failures import ApiFailure
-from kubetrain.transport import (
+from kubetrain.core import api
+from kubetrain.core.failures import ApiFailure
+from kubetrain.k8s.transport import (
     HTTP_CONFLICT,
     HTTP_NOT_FOUND,
     LIST_PAGE,

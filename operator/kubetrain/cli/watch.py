@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kubetrain import api
+from kubetrain.core import api
 
 __all__ = ["describe_status", "watch_job"]
 
@@ -33,7 +33,7 @@ def describe_status(status: Mapping[str, Json]) -> str:
 def watch_job(namespace: str, name: str, timeout: int = 86400, console: Console | None = None) -> int:
     """Follow the job until it ends, across lost connections; 0: it succeeded, 1: it failed or was deleted,
     3: ``timeout`` seconds passed first."""
-    from kubetrain.client import RECONNECTING, stream_job
+    from kubetrain.cli.client import RECONNECTING, stream_job
 
     console = console or Console()
     last_phase = None

@@ -6,8 +6,8 @@ it from a child of an earlier job of the same name.
 
 from __future__ import annotations
 
-from kubetrain import api
-from kubetrain.spec import TrainingJob
+from kubetrain.core import api
+from kubetrain.core.spec import TrainingJob
 
 __all__ = ["identity_labels", "job_labels", "job_selector", "pod_name"]
 

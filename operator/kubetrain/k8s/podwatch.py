@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetrain import api
-from kubetrain.kube import Kube, VersionGoneError
-from kubetrain.status import PodState, pod_state
+from kubetrain.core import api
+from kubetrain.core.status import PodState, pod_state
+from kubetrain.k8s.kube import Kube, VersionGoneError
 
 __all__ = ["PodWatch"]
 

@@ -14,7 +14,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from kubetrain import api
+from kubetrain.core import api
 
 __all__ = ["RECONNECTING", "api_message", "load_configuration", "stream_job"]
 

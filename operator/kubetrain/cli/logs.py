@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubetrain import api
-from kubetrain.status import pod_state
+from kubetrain.core import api
+from kubetrain.core.status import pod_state
 
 __all__ = ["LogPod", "failure_lines", "keep_line", "pods_of_attempt", "prefixed", "show_logs"]
 
@@ -95,7 +95,7 @@ class _Cluster:
     def __init__(self, namespace: str) -> None:
         from kubernetes import client
 
-        from kubetrain.client import load_configuration
+        from kubetrain.cli.client import load_configuration
 
         api_client = client.ApiClient(load_configuration(pool_size=8))  # one stream per pod at once
         # Typed as Any: with _preload_content=False the calls return raw responses, not the models the stubs say.
@@ -107,7 +107,7 @@ class _Cluster:
         return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
 
     def pods(self, job: Mapping[str, Json]) -> list[Json]:
-        from kubetrain.naming import job_selector
+        from kubetrain.core.naming import job_selector
 
         selector = job_selector(job["metadata"]["name"], job["metadata"].get("uid", ""))
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)

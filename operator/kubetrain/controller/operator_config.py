@@ -5,8 +5,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from kubetrain import api
-from kubetrain.judgements import Coalescing
+from kubetrain.core import api
+from kubetrain.core.judgements import Coalescing
 
 __all__ = ["OperatorConfig", "matches_namespace"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kubetrain import api
-from kubetrain.spec import TrainingJob, thaw
+from kubetrain.core import api
+from kubetrain.core.spec import TrainingJob, thaw
 
 __all__ = ["RENDEZVOUS_HOST_INDEX", "Placement", "in_place_restarts", "launch_env", "program_args", "rendezvous_conf",
            "rendezvous_id", "worker_shutdown_seconds"]

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubetrain import api
-from kubetrain.status import PodState, Scrape, owned_by
-from kubetrain.status_policy import Event
+from kubetrain.core import api
+from kubetrain.core.status import PodState, Scrape, owned_by
+from kubetrain.core.status_policy import Event
 
 __all__ = ["Coalescing", "Holder", "ScrapeClock", "hands_off", "holder", "name_taken_message", "needs_namespace_probe",
            "next_look_in", "scrape_address"]

@@ -19,7 +19,7 @@ __all__ = ["WorkQueue"]
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")  # why a key was queued, handed to process with it
-LOGGER = logging.getLogger("kubetrain.workqueue")
+LOGGER = logging.getLogger("kubetrain.k8s.workqueue")
 
 
 class WorkQueue(Generic[K, R]):

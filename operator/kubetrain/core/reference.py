@@ -1,6 +1,6 @@
 """The TrainingJob field reference (docs/trainingjob-reference.md), generated from the CRD itself.
 
-`python -m kubetrain.reference > docs/trainingjob-reference.md`; a test keeps the file in step.
+`python -m kubetrain.core.reference > docs/trainingjob-reference.md`; a test keeps the file in step.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kubetrain.schema import crd_schema
+from kubetrain.core.schema import crd_schema
 
 __all__ = ["render_reference"]
 
@@ -67,7 +67,7 @@ def render_reference() -> str:
     lines = [
         "# TrainingJob reference (kubetrain.io/v1alpha1)",
         "",
-        "Generated from `crds/trainingjobs.kubetrain.io.yaml` by `python -m kubetrain.reference`;",
+        "Generated from `crds/trainingjobs.kubetrain.io.yaml` by `python -m kubetrain.core.reference`;",
         "`tests/test_reference.py` fails when this file and the CRD disagree.",
         "",
         "Rules on the whole spec:",

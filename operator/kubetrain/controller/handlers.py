@@ -21,9 +21,8 @@ from typing import Any, TypeVar, cast
 import aiohttp
 import kopf
 
-from kubetrain import api, judgements, metrics
-from kubetrain.failures import failed_reconcile, recovered, retry_delay, while_retrying
-from kubetrain.jobstate import (
+from kubetrain.controller import metrics
+from kubetrain.controller.jobstate import (
     HandlerLogger,
     JobRecord,
     Key,
@@ -33,8 +32,16 @@ from kubetrain.jobstate import (
     Trigger,
     trim_memory,
 )
-from kubetrain.kopf_setup import configure, scanning_needed
-from kubetrain.kube import (
+from kubetrain.controller.kopf_setup import configure, scanning_needed
+from kubetrain.controller.operator_config import OperatorConfig
+from kubetrain.core import api, judgements
+from kubetrain.core.failures import failed_reconcile, recovered, retry_delay, while_retrying
+from kubetrain.core.lifecycle import reconcile
+from kubetrain.core.manifests import build_pod, build_pod_group, build_service, owner_reference
+from kubetrain.core.spec import SpecError, TrainingJob
+from kubetrain.core.status import PodState, Scrape, merge_patch
+from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Decision, Event, may_wait, must_persist_before_acting
+from kubetrain.k8s.kube import (
     ConflictError,
     CreateError,
     JobGoneError,
@@ -43,15 +50,9 @@ from kubetrain.kube import (
     api_failure,
     login,
 )
-from kubetrain.lifecycle import reconcile
-from kubetrain.manifests import build_pod, build_pod_group, build_service, owner_reference
-from kubetrain.operator_config import OperatorConfig
-from kubetrain.podwatch import PodWatch
-from kubetrain.progress import fetch_progress
-from kubetrain.spec import SpecError, TrainingJob
-from kubetrain.status import PodState, Scrape, merge_patch
-from kubetrain.status_policy import SCRAPE_RECHECK_SECONDS, Decision, Event, may_wait, must_persist_before_acting
-from kubetrain.workqueue import WorkQueue
+from kubetrain.k8s.podwatch import PodWatch
+from kubetrain.k8s.scrape import fetch_progress
+from kubetrain.k8s.workqueue import WorkQueue
 
 __all__ = ["operator_state"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubetrain.api import ConditionType, Phase, Reason
-from kubetrain.spec import TrainingJob
-from kubetrain.status import (
+from kubetrain.core.api import ConditionType, Phase, Reason
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import (
     PodState,
     Progress,
     Scrape,

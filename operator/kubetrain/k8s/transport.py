@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from kubetrain import api
+from kubetrain.core import api
 
 __all__ = ["ApiError", "Login", "Rest", "VersionGoneError", "login"]
 

@@ -10,11 +10,11 @@ from typing import Any
 import click
 import yaml
 
-from kubetrain import api
-from kubetrain.manifests import build_pod_group, build_pods, build_service
-from kubetrain.operator_main import DESCRIPTION, POD_GROUP_HELP, TRAINER_IMAGE_HELP, trainer_image_problem
-from kubetrain.schema import Problem
-from kubetrain.spec import SpecError, TrainingJob, parse, validate
+from kubetrain.controller.operator_main import DESCRIPTION, POD_GROUP_HELP, TRAINER_IMAGE_HELP, trainer_image_problem
+from kubetrain.core import api
+from kubetrain.core.manifests import build_pod_group, build_pods, build_service
+from kubetrain.core.schema import Problem
+from kubetrain.core.spec import SpecError, TrainingJob, parse, validate
 
 __all__ = ["main"]
 
@@ -144,7 +144,7 @@ def run_command(file: Path, workdir: Path) -> None:
             )
     from rich.console import Console
 
-    from kubetrain.local import run_local
+    from kubetrain.cli.local import run_local
 
     # soft_wrap: the terminal wraps long lines itself; a log file or pipe gets paths unbroken.
     sys.exit(run_local(job, workdir, Console(soft_wrap=True)))
@@ -156,7 +156,7 @@ def run_command(file: Path, workdir: Path) -> None:
               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def operator_command(args: tuple[str, ...]) -> None:
-    from kubetrain.operator_main import run
+    from kubetrain.controller.operator_main import run
 
     sys.exit(run(args))
 
@@ -168,7 +168,7 @@ def operator_command(args: tuple[str, ...]) -> None:
 def watch_command(name: str, namespace: str, timeout: int) -> None:
     """Show a live progress bar of a TrainingJob until it finishes, reconnecting when the watch drops
     (exit 0: Succeeded, 1: Failed or deleted, 3: --timeout passed)."""
-    from kubetrain.watch import watch_job
+    from kubetrain.cli.watch import watch_job
 
     sys.exit(watch_job(namespace, name, timeout))
 
@@ -185,7 +185,7 @@ def logs_command(name: str, namespace: str, follow: bool, attempt: int | None, r
     (exit 0: shown, or with --follow the job succeeded; 1: nothing to show, or the job failed)."""
     from kubernetes.client.exceptions import ApiException
 
-    from kubetrain.logs import show_logs
+    from kubetrain.cli.logs import show_logs
 
     try:
         code = show_logs(namespace, name, follow=follow, attempt=attempt, rank=rank,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from kubetrain import api
+from kubetrain.core import api
 
 __all__ = [
     "FailureKind",
