@@ -9,6 +9,7 @@ its consecutive failures, until it succeeds or is forgotten.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import deque
@@ -38,6 +39,7 @@ class WorkQueue(Generic[K, R]):
         self._active: set[K] = set()
         self._again: dict[K, R] = {}  # added while active: once more after
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._timer_context: contextvars.Context | None = None  # see add_at
         self._failures: dict[K, int] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
 
@@ -56,8 +58,14 @@ class WorkQueue(Generic[K, R]):
         if pending is not None and pending[0] <= when:
             return
         self.cancel(key)
+        # Every timer fires in one context, its first caller's: the workers a timer starts need kopf's posting
+        # variables (kopf.event), which any handler's context has. call_at would otherwise copy each caller's
+        # context, and every waiting timer (one resync per job) would keep that kopf event's body alive.
+        if self._timer_context is None:
+            self._timer_context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        handle = loop.call_at(loop.time() + max(0.0, when - time.monotonic()), self._fire, key, reason)
+        handle = loop.call_at(loop.time() + max(0.0, when - time.monotonic()), self._fire, key, reason,
+                              context=self._timer_context)
         self._timers[key] = (when, handle)
 
     def add_after(self, key: K, delay: float, reason: R) -> None:
