@@ -385,9 +385,7 @@ def _rss_after_import(modules: str) -> int:
     import psutil
 
     probe = subprocess.Popen(
-        # The operator blocks the kubernetes client, which kopf would import only for optional typing (memory.py).
-        [sys.executable, "-c", "import sys; sys.modules.setdefault('kubernetes', None); "
-                               f"import {modules}; print('ready', flush=True); sys.stdin.read()"],
+        [sys.executable, "-c", f"import sys; import {modules}; print('ready', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert probe.stdout is not None and probe.stdin is not None

@@ -151,6 +151,10 @@ INVALID: list[Case] = [
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": "high", "podAffinityTerm": {
             "topologyKey": "kubernetes.io/hostname"}}]}}}),
          "spec.scheduling.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight"),
+    Case("topology-not-a-label-key", _set("spec.scheduling", {"topology": "rack name"}), "spec.scheduling.topology"),
+    Case("topology-empty-prefix", _set("spec.scheduling", {"topology": "/rack"}), "spec.scheduling.topology"),
+    Case("topology-name-too-long", _set("spec.scheduling", {"topology": "example.com/" + "r" * 64}),
+         "spec.scheduling.topology"),
     Case("unknown-spec-field", _set("spec.replicas", 2), "spec.replicas"),
     Case("unknown-trainer-field", _set("spec.trainer.learningRate", 0.1), "spec.trainer.learningRate"),
     Case("name-too-long", _set("metadata.name", "a" * 51), "metadata.name"),

@@ -29,12 +29,12 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create": "create", "patch": "patch",
          "replace": "update", "delete": "delete"}
 # The modules that call Kube (as state.kube, kube or self._kube).
-KUBE_USERS = ("controller/handlers.py", "k8s/podwatch.py")
+KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "k8s/podwatch.py")
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, and its one custom resource.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
          "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL)}
 CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
-CLIENT_ATTRIBUTES = ("_core", "_custom", "_pod_groups")
+CLIENT_ATTRIBUTES = ("_core", "_custom", "_scheduling")
 
 
 def client_rule(method: str) -> Rule:

@@ -27,12 +27,18 @@ def pod(
     finished_at: str = "2026-11-01T10:05:00Z",
     message: str | None = None,
     node: str = "node-0",
+    unschedulable: str | None = None,
 ) -> Json:
     """A pod object in ``phase``; a terminated container when exit_code is given.
 
-    ``job_uid`` is the job-uid label (the policy tests' job has uid-1); None leaves it out.
+    ``job_uid`` is the job-uid label (the policy tests' job has uid-1); None leaves it out. ``unschedulable``: the
+    scheduler's message on a pod it could not place (not scheduled, reason Unschedulable).
     """
     conditions = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
+    if unschedulable is not None:
+        scheduled = False
+        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                       "message": unschedulable}]
     if phase == "Running":
         conditions += [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
     if disrupted:

@@ -277,6 +277,7 @@ def test_cluster_wide_mode_watches_all_namespaces() -> None:
         "--log-level=normal",
         "--log-format=plain",
         f"--trainer-image={DEFAULT_TRAINER_IMAGE}",
+        "--gang-scheduling=auto",
     ]
 
 
@@ -298,6 +299,7 @@ def test_custom_image_values_reach_the_pod() -> None:
     assert "--trainer-image=registry.example.com:5000/kubetrain/trainer:0.1.0-rc.1@sha256:" \
         "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210" in container["args"]
     assert "--log-format=json" in container["args"]
+    assert "--gang-scheduling=on" in container["args"]
     assert container["args"][0] == "operator" and container["args"][-1] == "--progress-interval=30"
     assert {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"} in container["env"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kubetrain.controller.operator_main import LOG_FORMATS, LOG_LEVELS
+from kubetrain.core import api
 from tests.operator_cli import Launch, launch_operator
 from tests.test_chart_support import CHART, CI_VALUES, one, render
 
@@ -63,6 +64,7 @@ def _rendered(args: list[str], option: str) -> str:
 def test_schema_offers_exactly_the_cli_choices() -> None:
     assert tuple(OPERATOR_VALUES["logLevel"]["enum"]) == LOG_LEVELS
     assert tuple(OPERATOR_VALUES["logFormat"]["enum"]) == LOG_FORMATS
+    assert SCHEMA["properties"]["gangScheduling"]["enum"] == list(api.GangScheduling)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -76,8 +78,8 @@ def test_operator_accepts_and_applies_the_chart_args(case: tuple[Path, str], mon
     assert (launch.root_level, launch.asyncio_propagates) == (ROOT_LEVEL[level], level == "debug")
     _assert_log_format(launch, _value(values, "logFormat", setting))
     assert launch.config.trainer_image == _rendered(args, "--trainer-image")
-    gang = (yaml.safe_load(values.read_text()) or {}).get("gangScheduling", {}).get("schedulerName", "")
-    assert launch.config.pod_group_scheduler == gang
+    gang = (yaml.safe_load(values.read_text()) or {}).get("gangScheduling", DEFAULTS["gangScheduling"])
+    assert launch.config.gang_scheduling == gang == _rendered(args, "--gang-scheduling")
     assert launch.metrics_port == _value(values, "metricsPort", setting)
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import kopf
 import pytest
 
+from kubetrain.k8s.transport import Rest, login
 from tests.lab.lab import Lab
 from tests.lab.pods import pod_manifest, wait_pod
 from tests.lab.procs import wait_for
@@ -17,13 +21,21 @@ def _ready(lab: Lab, node: str) -> str:
     return str(next(c["status"] for c in conditions if c["type"] == "Ready"))
 
 
-def test_apiserver_reports_the_built_version(lab: Lab) -> None:
+async def _node_names_as_the_cli_reads_them() -> list[str]:
+    """The CLI's client: the operator's transport, logged in from KUBECONFIG by kopf's kubeconfig login."""
+    rest = Rest(lambda: login(kopf.OperatorSettings()), connections=1)
+    try:
+        return [str(node["metadata"]["name"]) for node in (await rest.request("GET", "/api/v1/nodes"))["items"]]
+    finally:
+        await rest.close()
+
+
+def test_apiserver_reports_the_built_version(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     version = lab.api.get("/version")
     assert version["gitVersion"] == "v1.37.2"
     assert lab.kubectl("version", "-o", "json").returncode == 0
-    from kubernetes import client
-    nodes = client.CoreV1Api(lab.api_client()).list_node().items
-    assert sorted(str(n.metadata.name) for n in nodes if n.metadata) == sorted(lab.node_names)
+    monkeypatch.setenv("KUBECONFIG", str(lab.kubeconfig))
+    assert sorted(asyncio.run(_node_names_as_the_cli_reads_them())) == sorted(lab.node_names)
 
 
 def test_restricted_token_cannot_read_secrets(lab: Lab, namespace: str) -> None:

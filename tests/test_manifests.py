@@ -60,19 +60,32 @@ def test_headless_service_publishes_unready_pods() -> None:
     assert service["spec"]["selector"] == {api.LABEL.JOB_NAME: "valid", api.LABEL.JOB_UID: job.uid}
 
 
-def test_a_pod_group_only_when_a_gang_scheduler_is_named() -> None:
+def test_gang_pods_point_at_their_attempts_pod_group() -> None:
     document = base_job()
-    plain = build_pod(_job(document), 0, attempt=0)
-    assert "schedulerName" not in plain["spec"] and api.PODGROUP.LABEL not in plain["metadata"]["labels"]
-    gang = build_pod(_job(document), 0, attempt=0, pod_group_scheduler="coscheduler")
-    assert gang["spec"]["schedulerName"] == "coscheduler"
-    assert gang["metadata"]["labels"][api.PODGROUP.LABEL] == "valid"
-    assert build_pod_group(_job(document))["spec"]["minMember"] == 2
-    document["spec"] |= {"elastic": {"minNodes": 1, "maxNodes": 4}}
-    assert build_pod_group(_job(document))["spec"]["minMember"] == 1
-    document["spec"]["scheduling"] = {"schedulerName": "their-own"}
-    own = build_pod(_job(document), 0, attempt=0, pod_group_scheduler="coscheduler")
-    assert own["spec"]["schedulerName"] == "their-own"
+    assert "schedulingGroup" not in build_pod(_job(document), 0, attempt=0)["spec"]
+    for attempt in (0, 3):  # each attempt is a gang of its own
+        for pod in build_pods(_job(document), attempt, gang=True):
+            assert pod["spec"]["schedulingGroup"] == {"podGroupName": f"valid-gang-{attempt}"}
+            assert "schedulerName" not in pod["spec"]  # the default scheduler places gangs
+
+
+@pytest.mark.parametrize(("spec", "min_count", "constraints"), [
+    ({}, 2, None),
+    ({"elastic": {"minNodes": 1, "maxNodes": 4}}, 1, None),  # an elastic job runs with minNodes
+    ({"scheduling": {"topology": "example.com/rack"}}, 2, {"topology": [{"key": "example.com/rack"}]}),
+])
+def test_the_pod_group_of_an_attempt(spec: dict[str, Any], min_count: int, constraints: Any) -> None:
+    document = base_job()
+    document["spec"] |= spec
+    job = _job(document)
+    group = build_pod_group(job, 3)
+    assert (group["apiVersion"], group["kind"]) == ("scheduling.k8s.io/v1beta1", "PodGroup")
+    assert group["metadata"]["name"] == "valid-gang-3"
+    assert group["metadata"]["labels"] == {api.LABEL.JOB_NAME: "valid", api.LABEL.JOB_UID: job.uid,
+                                           api.LABEL.MANAGED_BY: "kubetrain", api.LABEL.ATTEMPT: "3"}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == job.uid
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": min_count}}
+    assert group["spec"].get("schedulingConstraints") == constraints
 
 
 def test_every_child_carries_the_job_uid_and_selects_by_it() -> None:

@@ -72,6 +72,26 @@ class TestLifecycle:
         assert "valid-1" in decision.status["message"]
         assert decision.create == ()
 
+    GANG = ("pod group is unschedulable, 0/1 placements are available, first placement status: minCount (2) "
+            "cannot be satisfied: 1 scheduled, 0 remaining")
+
+    @pytest.mark.parametrize(("pods", "reason", "says"), [
+        ((pod(0, "Pending", unschedulable=GANG), pod(1, "Pending", unschedulable=GANG)), "Unschedulable",
+         f"waiting for 2 pod(s) to be scheduled: valid-0, valid-1; the scheduler: {GANG}"),
+        ((pod(0), pod(1, "Pending", unschedulable="0/2 nodes are available: 2 Insufficient cpu.")), "Unschedulable",
+         "waiting for 1 pod(s) to be scheduled: valid-1; the scheduler: 0/2 nodes are available: 2 Insufficient cpu."),
+        ((pod(0), pod(1, "Pending", scheduled=False)), "PodsPending",  # not tried yet: nothing to tell
+         "waiting for 1 pod(s) to be scheduled: valid-1"),
+    ])
+    def test_pods_the_scheduler_cannot_place_say_why(self, pods: tuple[Json, ...], reason: str, says: str) -> None:
+        decision = reconcile(job(), {"phase": "Pending"}, states(*pods), NOW)
+        assert (decision.status["phase"], decision.status["message"]) == ("Pending", says)
+        running_condition = condition(decision, "Running")
+        assert (running_condition["status"], running_condition["reason"]) == ("False", reason)
+        assert running_condition["message"] == says
+        assert decision.create == () and decision.delete == ()  # it waits: nothing is restarted or failed
+        assert_valid_status(decision.status)
+
     def test_scheduled_but_not_running_is_starting(self) -> None:
         decision = reconcile(job(), {"phase": "Pending"}, states(pod(0), pod(1, "Pending")), NOW)
         assert decision.status["phase"] == "Starting"

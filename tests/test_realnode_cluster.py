@@ -20,7 +20,7 @@ from tests.lab.procs import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real_node]
 Json = Any
-OPERATOR_IMAGE = IMAGES["operator"]  # has Python and the kubernetes client; smaller than the trainer's
+OPERATOR_IMAGE = IMAGES["operator"]  # has Python and kubetrain's own API client; smaller than the trainer's
 
 
 def python_pod(name: str, script: str, *, memory: str = "256Mi", working_dir: str | None = None,
@@ -98,8 +98,16 @@ def test_cluster_dns_and_cluster_ip_through_kube_proxy(real_lab: Lab, real_names
 
 
 def test_kubernetes_service_reaches_the_apiserver_from_a_pod(real_lab: Lab, real_namespace: str) -> None:
-    script = ("import os; from kubernetes import client, config; config.load_incluster_config(); "
-              "print(os.environ['KUBERNETES_SERVICE_HOST'], client.VersionApi().get_code().git_version)")
+    # The operator's own login and client, as the operator runs in a pod: the service account, then the Service.
+    script = ("import asyncio, os, kopf\n"
+              "from kubetrain.k8s.transport import Rest, login\n"
+              "async def version():\n"
+              "    rest = Rest(lambda: login(kopf.OperatorSettings()), 1)\n"
+              "    try:\n"
+              "        return (await rest.request('GET', '/version'))['gitVersion']\n"
+              "    finally:\n"
+              "        await rest.close()\n"
+              "print(os.environ['KUBERNETES_SERVICE_HOST'], asyncio.run(version()))")
     create(real_lab, real_namespace, python_pod("incluster", script, automountServiceAccountToken=True))
     pod = wait_pod(real_lab.api, real_namespace, "incluster", ("Succeeded", "Failed"), timeout=120)
     out = real_lab.kubectl("logs", "-n", real_namespace, "incluster").stdout

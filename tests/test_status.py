@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.pods import pod, states
 from tests.status_schema import assert_valid_status
 
 NOW = datetime(2026, 11, 1, 10, 10, tzinfo=UTC)
+Json = Any
 
 
 @pytest.mark.parametrize(
@@ -179,3 +181,18 @@ def test_a_pods_state_keeps_where_to_scrape_it_and_whether_to_adopt_it() -> None
     assert state.ip == "10.0.0.7" and state.has_owner is False  # `render` makes no owner reference
     built["metadata"]["ownerReferences"] = [{"kind": "TrainingJob", "uid": "u", "controller": True}]
     assert pod_state(built).has_owner is True
+
+
+@pytest.mark.parametrize(("condition", "expected"), [
+    ({"status": "False", "reason": "Unschedulable", "message": "minCount (3) cannot be satisfied"},
+     "minCount (3) cannot be satisfied"),
+    ({"status": "False", "reason": "SchedulerError", "message": "bad affinity"}, "bad affinity"),
+    ({"status": "False", "reason": "Unschedulable"}, "Unschedulable"),  # no message: its reason at least
+    ({"status": "False", "reason": "SchedulingGated", "message": "waits for its gates"}, None),  # never tried
+    ({"status": "True"}, None),
+    (None, None),
+])
+def test_pod_state_keeps_why_the_scheduler_cannot_place_it(condition: Json, expected: str | None) -> None:
+    pod = {"metadata": {"name": "job-0", "labels": {}}, "spec": {},
+           "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", **condition}] if condition else []}}
+    assert pod_state(pod).unschedulable == expected

@@ -84,7 +84,7 @@ def scripted_apiserver(tmp_path: Path) -> Iterator[type[ScriptedWatch]]:
 
 
 def watch(tmp_path: Path, timeout: int) -> subprocess.CompletedProcess[str]:
-    """The CLI, in its own process: the kubernetes client reads KUBECONFIG when it is first imported."""
+    """The CLI, in its own process, as a user runs it: its login reads KUBECONFIG."""
     return subprocess.run(
         [sys.executable, "-m", "kubetrain.cli.commands", "watch", "j", "-n", "ns", f"--timeout={timeout}"],
         env={**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig"), "COLUMNS": "200"},

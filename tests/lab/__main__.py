@@ -1,4 +1,5 @@
-"""``python -m tests.lab build | images | up [--nodes N --gpus-per-node G --real-node] | down | serve``."""
+"""``python -m tests.lab build | images | up [--nodes N --gpus-per-node G --real-node --kueue --gang] | down |
+serve``."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _serve(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     run_dir = Path(args.run_dir)
-    with Lab(run_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node) as lab:
+    with Lab(run_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node,
+             kueue=args.kueue, gang=args.gang) as lab:
         (run_dir / READY_FILE).write_text(str(lab.kubeconfig))
         stopping.wait()
     (run_dir / READY_FILE).unlink(missing_ok=True)
@@ -49,7 +51,8 @@ def _up(args: argparse.Namespace) -> int:
     (UP_DIR / READY_FILE).unlink(missing_ok=True)
     argv = [sys.executable, "-m", "tests.lab", "serve", "--run-dir", str(UP_DIR),
             "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
-            *(["--real-node"] if args.real_node else [])]
+            *(["--real-node"] if args.real_node else []), *(["--kueue"] if args.kueue else []),
+            *(["--gang"] if args.gang else [])]
     with (UP_DIR / "lab.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[2])
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--gpus-per-node", type=int, default=0)
         command.add_argument("--real-node", action="store_true",
                              help="also run a real kubelet + containerd node with the project's images")
+        command.add_argument("--kueue", action="store_true",
+                             help="also run Kueue's controller manager with its CRDs and webhooks")
+        command.add_argument("--gang", action="store_true",
+                             help="serve scheduling.k8s.io/v1beta1 PodGroups (Kubernetes' own gang scheduling)")
         if name == "serve":
             command.add_argument("--run-dir", required=True)
     sub.add_parser("down", help="stop the lab started by `up` and clean up after crashed labs")

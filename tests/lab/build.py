@@ -29,8 +29,6 @@ from tests.lab.versions import (
 HEARTBEAT_S = 30.0
 KUBEFLOW_TRAINING_OPERATOR_VERSION = "v1.9.4"
 KUBEFLOW_MODULE_PATH = "github.com/kubeflow/training-operator"
-SCHEDULER_PLUGINS_MODULE_PATH = "sigs.k8s.io/scheduler-plugins"
-SCHEDULER_PLUGINS_VERSION = "v0.31.8"
 # Not the lab's own: the peer the benchmarks compare kubetrain with (bench/peer.py), built on demand only.
 PEER_MODULES: dict[str, GoModule] = {
     "kubeflow": GoModule(
@@ -128,14 +126,6 @@ def peer_module_dir(key: str = "kubeflow") -> Path:
     return module_source_dir(KUBEFLOW_MODULE_PATH, module.version, module.directory)
 
 
-def pod_group_crd() -> Path:
-    """scheduler-plugins' PodGroup CRD (what `kubetrain operator --pod-group-scheduler` creates), from its
-    module. Its scheduler cannot be built here: v0.31.8 needs k8s.io/cloud-provider@v0.31.8, which the
-    module proxy refuses (403)."""
-    source = module_source_dir(SCHEDULER_PLUGINS_MODULE_PATH, SCHEDULER_PLUGINS_VERSION, MODULES["k8s"].directory)
-    return source / "config" / "crd" / "bases" / "scheduling.x-k8s.io_podgroups.yaml"
-
-
 def ensure_all() -> dict[str, Path]:
     return {name: ensure_binary(name) for name in BINARIES}
 
@@ -145,4 +135,4 @@ def missing_binaries() -> list[str]:
 
 
 __all__ = ["MODULES", "PEER_MODULES", "ensure_all", "ensure_binary", "ensure_peer_binary", "missing_binaries",
-           "module_source_dir", "peer_module_dir", "pod_group_crd"]
+           "module_source_dir", "peer_module_dir"]

@@ -26,6 +26,10 @@ SERVICE_CIDR = "10.0.0.0/24"
 # Short, so that a node whose heartbeats stop turns NotReady within ~20 s (kubelet default: 40 s).
 NODE_MONITOR_GRACE = "16s"
 APISERVER_READY_TIMEOUT = 180.0
+# Kubernetes' own gang scheduling (`Lab(gang=True)`): the scheduling.k8s.io/v1beta1 Workload and PodGroup API
+# (beta in v1.37, off by default) and its topology constraints (alpha), on every component that reads them.
+GANG_FEATURE_GATES = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+GANG_RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1beta1=true"
 
 
 @dataclass
@@ -36,9 +40,10 @@ class Identities:
 
 
 class ControlPlane:
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, run_dir: Path, host: str = "127.0.0.1", *, gang: bool = False) -> None:
         self.run_dir = run_dir
         self.host = host
+        self.gang_flags = [GANG_FEATURE_GATES] if gang else []
         self.pki = Pki(run_dir / "pki")
         self.serving = self.pki.apiserver_serving(extra_ips=(host,))
         # The apiserver's identity towards kubelets (`kubectl logs`, `exec`).
@@ -106,6 +111,7 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *self.gang_flags, *([GANG_RUNTIME_CONFIG] if self.gang_flags else []),
         ]
 
     def start_apiserver(self) -> None:
@@ -136,7 +142,7 @@ class ControlPlane:
             f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
             f"--cluster-signing-cert-file={self.pki.ca.cert}",
             f"--cluster-signing-key-file={self.pki.ca.key}",
-            "--v=1",
+            "--v=1", *self.gang_flags,
         ])
         sched = str(self.identities.scheduler)
         self._process("kube-scheduler", [
@@ -144,6 +150,7 @@ class ControlPlane:
             f"--kubeconfig={sched}", f"--authentication-kubeconfig={sched}",
             f"--authorization-kubeconfig={sched}",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false", "--v=1",
+            *self.gang_flags,
         ])
 
     # health -------------------------------------------------------------------------------------

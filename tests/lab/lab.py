@@ -11,7 +11,6 @@ import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -21,6 +20,7 @@ from tests.lab.dns import ClusterDns, HiddenName
 from tests.lab.images import REPO, ImageMap
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.kubelet import Kubelet
+from tests.lab.kueue import Kueue
 from tests.lab.network import PodNetwork, remove_network
 from tests.lab.podworker import RUN_MARKER
 from tests.lab.procs import kill_tree, wait_for
@@ -40,12 +40,18 @@ class Lab:
     """Start with :meth:`start` (or as a context manager); :meth:`stop` always leaves nothing behind."""
 
     def __init__(self, run_dir: Path, *, nodes: int = 2, gpus_per_node: int = 0,
-                 images: ImageMap | None = None, real_node: bool = False) -> None:
-        """``real_node``: also run a real kubelet + containerd node with the project's images (docs/lab.md)."""
+                 images: ImageMap | None = None, real_node: bool = False, kueue: bool = False,
+                 gang: bool = False) -> None:
+        """``real_node``: also run a real kubelet + containerd node with the project's images (docs/lab.md).
+        ``kueue``: also run Kueue's controller manager, its CRDs and webhooks (docs/lab.md, "Kueue").
+        ``gang``: serve scheduling.k8s.io/v1beta1 PodGroups, placed whole by kube-scheduler (docs/lab.md)."""
         self.run_dir = run_dir.resolve()
         self.node_count = nodes
         self.with_real_node = real_node
         self.real_node: RealNode | None = None
+        self.with_kueue = kueue
+        self.with_gang = gang
+        self.kueue: Kueue | None = None
         self.gpus_per_node = gpus_per_node
         self.images = images or ImageMap()
         self.control_plane: ControlPlane | None = None
@@ -77,7 +83,7 @@ class Lab:
         (self.run_dir / "logs").mkdir(exist_ok=True)
         # The network first: the apiserver listens on the bridge's gateway, where a real node reaches it.
         self.network = PodNetwork.create()
-        cp = self.control_plane = ControlPlane(self.run_dir, host=self.network.gateway)
+        cp = self.control_plane = ControlPlane(self.run_dir, host=self.network.gateway, gang=self.with_gang)
         cp.start_etcd()
         cp.start_apiserver()
         cp.start_controllers()
@@ -94,6 +100,8 @@ class Lab:
         self.kubelet.start()
         if self.with_real_node:
             self._start_real_node()
+        if self.with_kueue:
+            self._start_kueue()
         self.wait_nodes_ready(180)
         self.wait_service_account("default")
 
@@ -110,6 +118,13 @@ class Lab:
         finally:
             self._write_state()  # its processes too, so that cleanup_stale can stop them after a crash
 
+    def _start_kueue(self) -> None:
+        self.kueue = Kueue(self.run_dir, self.cp.pki, self.admin_rest(), self.cp.host)
+        try:
+            self.kueue.start()
+        finally:
+            self._write_state()  # its process too, so that cleanup_stale can stop it after a crash
+
     def admin_rest(self) -> Rest:
         """A fresh JSON client with the admin identity (one per thread that holds long watches)."""
         pki = self.cp.pki
@@ -118,7 +133,8 @@ class Lab:
     def _write_state(self) -> None:
         cp = self.control_plane
         assert cp is not None and self.network is not None
-        processes = {**cp.processes, **(self.real_node.processes if self.real_node else {})}
+        processes = {**cp.processes, **(self.real_node.processes if self.real_node else {}),
+                     **(self.kueue.processes if self.kueue else {})}
         state = {"pid": os.getpid(), "network": self.network.index, "real_node": self.with_real_node,
                  "processes": {name: p.pid for name, p in processes.items()}}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state))
@@ -131,6 +147,7 @@ class Lab:
             ("kubelet", lambda: self.kubelet.stop(not _other_labs_alive(self.run_dir)) if self.kubelet else None),
             ("provisioner", lambda: self.provisioner.stop() if self.provisioner else None),
             ("dns", lambda: self.dns.stop() if self.dns else None),
+            ("kueue", lambda: self.kueue.stop() if self.kueue else None),
             ("control plane", lambda: self.control_plane.stop() if self.control_plane else None),
             ("network", lambda: self.network.down() if self.network else None),
         ]
@@ -189,11 +206,6 @@ class Lab:
         if self.kubelet is None:
             raise RuntimeError("the lab is not started")
         return self.kubelet
-
-    def api_client(self, kubeconfig: Path | None = None) -> Any:
-        """A ``kubernetes.client.ApiClient`` (admin unless another kubeconfig is given)."""
-        from kubernetes import config
-        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))  # type: ignore[no-untyped-call]
 
     def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
                 stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.22.0"
 CONTAINERD_VERSION = "v2.4.2"
+KUEUE_VERSION = "v0.17.0"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ MODULES: dict[str, GoModule] = {
         version_vars=(f"github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",),
         cgo=True,
         tags=("no_btrfs", "no_devmapper", "no_zfs"),
+    ),
+    # Kueue's controller manager (Lab(kueue=True), tests/lab/kueue.py); its CRDs come from the same module.
+    "kueue": GoModule(
+        directory=GO_DIR / "kueue",
+        version=KUEUE_VERSION,
+        packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+        version_vars=(f"sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
     ),
 }
 

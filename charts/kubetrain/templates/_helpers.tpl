@@ -127,9 +127,7 @@ extra args (last, so that they win over the chart's own).
 - --log-level={{ .Values.operator.logLevel }}
 - --log-format={{ .Values.operator.logFormat }}
 - {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
-{{- with .Values.gangScheduling.schedulerName }}
-- {{ printf "--pod-group-scheduler=%s" . | quote }}
-{{- end }}
+- --gang-scheduling={{ .Values.gangScheduling }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}
@@ -160,9 +158,9 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "delete"]
-# scheduler-plugins' PodGroup of each job (with gangScheduling.schedulerName set): created, read back when
-# the name is taken, replaced when a deleted job of the same name left it. Harmless where the CRD is absent.
-- apiGroups: ["scheduling.x-k8s.io"]
+# The PodGroup of each attempt (with gang scheduling on): created, read back when the name is taken, deleted
+# when the next attempt starts or a deleted job of the same name left it. Harmless where the API is not served.
+- apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "create", "delete"]
 # Events on TrainingJobs: kopf posts core/v1 events (create only).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import click
 import yaml
 
-from kubetrain.controller.operator_main import DESCRIPTION, POD_GROUP_HELP, TRAINER_IMAGE_HELP, trainer_image_problem
+from kubetrain.controller.operator_main import DESCRIPTION, TRAINER_IMAGE_HELP, trainer_image_problem
 from kubetrain.core import api
 from kubetrain.core.manifests import build_pod_group, build_pods, build_service
 from kubetrain.core.schema import Problem
@@ -81,7 +82,9 @@ trainer_image_option = click.option(
     "--trainer-image", default=api.DEFAULT_TRAINER_IMAGE, show_default=True, metavar="REF",
     callback=_image_reference, help=TRAINER_IMAGE_HELP)
 
-pod_group_option = click.option("--pod-group-scheduler", default="", metavar="NAME", help=POD_GROUP_HELP)
+gang_option = click.option("--gang-scheduling", is_flag=True,
+                           help="Also the attempt's PodGroup (scheduling.k8s.io/v1beta1), as the operator makes it "
+                                "with gang scheduling on, and the pods' schedulingGroup.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,14 +118,13 @@ def validate_command(files: tuple[Path, ...]) -> None:
 @click.option("--namespace", "-n", default=None, help="Namespace of the rendered objects (default: the job's).")
 @click.option("--attempt", default=0, show_default=True, help="Attempt number to render the pods for.")
 @trainer_image_option
-@pod_group_option
+@gang_option
 def render_command(file: Path, namespace: str | None, attempt: int, trainer_image: str,
-                   pod_group_scheduler: str) -> None:
+                   gang_scheduling: bool) -> None:
     """Print the Service (and PodGroup) and the pods the operator would create for FILE, as YAML."""
     job = load_job(file, namespace)
-    companions = [build_service(job), *([build_pod_group(job)] if pod_group_scheduler else [])]
-    objects = [*companions, *build_pods(job, attempt, default_image=trainer_image,
-                                        pod_group_scheduler=pod_group_scheduler)]
+    companions = [build_service(job), *([build_pod_group(job, attempt)] if gang_scheduling else [])]
+    objects = [*companions, *build_pods(job, attempt, default_image=trainer_image, gang=gang_scheduling)]
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
@@ -161,6 +163,26 @@ def operator_command(args: tuple[str, ...]) -> None:
     sys.exit(run(args))
 
 
+@contextlib.contextmanager
+def _cluster_errors(name: str, namespace: str) -> Iterator[None]:
+    """The API server's refusals, a missing login and an unreachable server as one line each, not a traceback."""
+    import aiohttp
+    import kopf
+
+    from kubetrain.k8s.transport import HTTP_NOT_FOUND, ApiError
+
+    try:
+        yield
+    except ApiError as error:
+        if error.status != HTTP_NOT_FOUND:
+            raise click.ClickException(f"the API server refused: {error.status} {error.reason}") from error
+        raise click.ClickException(f'trainingjob "{name}" not found in namespace "{namespace}"') from error
+    except kopf.LoginError as error:
+        raise click.ClickException(f"no credentials for the cluster: {error}") from error
+    except (aiohttp.ClientError, OSError) as error:
+        raise click.ClickException(f"cannot reach the API server: {type(error).__name__}: {error}") from error
+
+
 @main.command("watch")
 @click.argument("name")
 @click.option("--namespace", "-n", default="default", show_default=True)
@@ -170,7 +192,9 @@ def watch_command(name: str, namespace: str, timeout: int) -> None:
     (exit 0: Succeeded, 1: Failed or deleted, 3: --timeout passed)."""
     from kubetrain.cli.watch import watch_job
 
-    sys.exit(watch_job(namespace, name, timeout))
+    with _cluster_errors(name, namespace):
+        code = watch_job(namespace, name, timeout)
+    sys.exit(code)
 
 
 @main.command("logs")
@@ -183,17 +207,11 @@ def watch_command(name: str, namespace: str, timeout: int) -> None:
 def logs_command(name: str, namespace: str, follow: bool, attempt: int | None, rank: int | None) -> None:
     """Print the output of every pod of a TrainingJob, each line prefixed by its node
     (exit 0: shown, or with --follow the job succeeded; 1: nothing to show, or the job failed)."""
-    from kubernetes.client.exceptions import ApiException
-
     from kubetrain.cli.logs import show_logs
 
     try:
-        code = show_logs(namespace, name, follow=follow, attempt=attempt, rank=rank,
-                         write=click.echo)
-    except ApiException as error:
-        if error.status != 404:
-            raise click.ClickException(f"the API server refused: {error.status} {error.reason}") from error
-        raise click.ClickException(f'trainingjob "{name}" not found in namespace "{namespace}"') from error
+        with _cluster_errors(name, namespace):
+            code = show_logs(namespace, name, follow=follow, attempt=attempt, rank=rank, write=click.echo)
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

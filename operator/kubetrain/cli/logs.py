@@ -8,18 +8,18 @@ tail of each failed pod's log (the kubelet's FallbackToLogsOnError), so a post-m
 
 from __future__ import annotations
 
-import json
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubetrain.cli.cluster import Cluster, connect
 from kubetrain.core import api
 from kubetrain.core.status import pod_state
+from kubetrain.k8s.transport import HTTP_NOT_FOUND, ApiError
 
-__all__ = ["LogPod", "failure_lines", "keep_line", "pods_of_attempt", "prefixed", "show_logs"]
+__all__ = ["LogPod", "failure_lines", "keep_line", "lines_of", "pods_of_attempt", "prefixed", "show_logs"]
 
 Json = Any
 
@@ -28,6 +28,7 @@ POLL_SECONDS = 1.0
 _FINISHED = (api.Phase.SUCCEEDED, api.Phase.FAILED)
 # A followed pod that prints nothing for this long ends its stream (the client needs a finite read timeout).
 FOLLOW_READ_TIMEOUT_SECONDS = 86400
+HTTP_BAD_REQUEST = 400  # pods/log: the container has not started
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,10 @@ def failure_lines(status: Mapping[str, Json], attempt: int) -> list[str]:
     return lines
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+async def lines_of(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
     """Whole lines from a byte stream that splits them anywhere."""
     pending = b""
-    for chunk in chunks:
+    async for chunk in chunks:
         pending += chunk
         *complete, pending = pending.split(b"\n")
         for line in complete:
@@ -89,121 +90,76 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
         yield pending.decode(errors="replace")
 
 
-class _Cluster:
-    """The few API calls `kubetrain logs` makes, with the user's kubeconfig (synchronous)."""
-
-    def __init__(self, namespace: str) -> None:
-        from kubernetes import client
-
-        from kubetrain.cli.client import load_configuration
-
-        api_client = client.ApiClient(load_configuration(pool_size=8))  # one stream per pod at once
-        # Typed as Any: with _preload_content=False the calls return raw responses, not the models the stubs say.
-        self.core: Any = client.CoreV1Api(api_client)
-        self.custom: Any = client.CustomObjectsApi(api_client)
-        self.namespace = namespace
-
-    def job(self, name: str) -> Json:
-        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
-
-    def pods(self, job: Mapping[str, Json]) -> list[Json]:
-        from kubetrain.core.naming import job_selector
-
-        selector = job_selector(job["metadata"]["name"], job["metadata"].get("uid", ""))
-        listing = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
-        items: list[Json] = json.loads(listing.data)["items"]
-        return items
-
-    def container_ended(self, pod: str) -> bool:
-        """Whether the pod's trainer container has finished, or the pod is gone."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            found = json.loads(self.core.read_namespaced_pod(pod, self.namespace, _preload_content=False).data)
-        except ApiException as error:
-            if _status_code(error) == 404:
-                return True
-            raise
-        state = pod_state(found)  # the operator's own summary: its trainer container's exit, the pod's phase
-        return state.finished or state.exit_code is not None
-
-    def log_chunks(self, pod: str, follow: bool) -> Iterator[bytes]:
-        """The container's log; raises ApiException while it has not started (400) or is gone (404)."""
-        response = self.core.read_namespaced_pod_log(pod, self.namespace, container=api.CONTAINER_NAME,
-                                                     follow=follow, _preload_content=False,
-                                                     _request_timeout=(10, FOLLOW_READ_TIMEOUT_SECONDS))
-        yield from response.stream(4096, decode_content=True)
-
-
 Write = Callable[[str], None]
 
 
-def _status_code(error: Exception) -> int | None:
-    status = getattr(error, "status", None)
-    return status if isinstance(status, int) else None
+async def _container_ended(cluster: Cluster, pod: str) -> bool:
+    """Whether the pod's trainer container has finished, or the pod is gone."""
+    try:
+        found = await cluster.pod(pod)
+    except ApiError as error:
+        if error.status == HTTP_NOT_FOUND:
+            return True
+        raise
+    state = pod_state(found)  # the operator's own summary: its trainer container's exit, the pod's phase
+    return state.finished or state.exit_code is not None
 
 
-def _pod_lines(cluster: _Cluster, pod: LogPod, follow: bool) -> Iterator[str]:
+async def _pod_lines(cluster: Cluster, pod: LogPod, follow: bool) -> AsyncGenerator[str, None]:
     """One pod's lines; when following, waits for its container to start, and goes on where a stream ended while
     the container still runs (the kubelet ends a follow at once for a container created but not yet running,
     and answers 404 for a pod placed on it that it has not seen yet). A pod that is gone ends it."""
-    from kubernetes.client.exceptions import ApiException
-
     seen = 0
     while True:
         try:
-            for number, line in enumerate(_lines(cluster.log_chunks(pod.name, follow))):
-                if number >= seen:  # a stream opened again starts from the top: skip what was shown
-                    seen += 1
-                    yield line
-            if not follow or cluster.container_ended(pod.name):
+            chunks = cluster.log_chunks(pod.name, follow, read_timeout=FOLLOW_READ_TIMEOUT_SECONDS)
+            async with contextlib.aclosing(lines_of(chunks)) as lines:
+                number = 0
+                async for line in lines:
+                    if number >= seen:  # a stream opened again starts from the top: skip what was shown
+                        seen += 1
+                        yield line
+                    number += 1
+            if not follow or await _container_ended(cluster, pod.name):
                 return
-        except ApiException as error:
-            if _status_code(error) == 404:
+        except ApiError as error:
+            if error.status == HTTP_NOT_FOUND:
                 # The pod is gone; or it exists and its kubelet has not seen it yet (just placed): wait for it.
-                if not follow or cluster.container_ended(pod.name):
+                if not follow or await _container_ended(cluster, pod.name):
                     return
-            elif _status_code(error) != 400:
+            elif error.status != HTTP_BAD_REQUEST:
                 raise
-            elif not follow:  # 400: the container has not started (yet, or ever: the reason says which)
-                yield f"(no output: {json.loads(error.body or '{}').get('message', error.reason)})"
+            elif not follow:  # 400: the container has not started (yet, or ever: the message says which)
+                yield f"(no output: {error.message})"
                 return
-        time.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)
 
 
-def _stream_pods(cluster: _Cluster, pods: Sequence[LogPod], rank: int | None, write: Write) -> None:
-    """Follow every pod at once, each in a thread; lines are written by this thread only, whole."""
-    lines: queue.Queue[tuple[LogPod, str | None]] = queue.Queue()
+async def _stream_pods(cluster: Cluster, pods: Sequence[LogPod], rank: int | None, write: Write) -> None:
+    """Follow every pod at once, one task each; each line is written whole (one event loop, no threads)."""
 
-    def pump(pod: LogPod) -> None:
+    async def pump(pod: LogPod) -> None:
         try:
-            for line in _pod_lines(cluster, pod, follow=True):
-                lines.put((pod, line))
+            async with contextlib.aclosing(_pod_lines(cluster, pod, follow=True)) as lines:
+                async for line in lines:
+                    if keep_line(line, rank):
+                        write(prefixed(pod, line))
         except Exception as error:  # any failure ends this pod's stream, and the output says so
-            lines.put((pod, f"(log stream failed: {type(error).__name__}: {error})"))
-        finally:
-            lines.put((pod, None))
+            write(prefixed(pod, f"(log stream failed: {type(error).__name__}: {error})"))
 
-    for pod in pods:
-        threading.Thread(target=pump, args=(pod,), daemon=True).start()
-    running = len(pods)
-    while running:
-        pod, line = lines.get()
-        if line is None:
-            running -= 1
-        elif keep_line(line, rank):
-            write(prefixed(pod, line))
+    await asyncio.gather(*(pump(pod) for pod in pods))
 
 
-def _print_attempt(cluster: _Cluster, job: Mapping[str, Json], attempt: int | None, rank: int | None,
-                   write: Write) -> int:
+async def _print_attempt(cluster: Cluster, job: Mapping[str, Json], attempt: int | None, rank: int | None,
+                         write: Write) -> int:
     """Everything one attempt printed so far, pod after pod; its failure records once its pods are gone."""
     status = job.get("status") or {}
-    _, pods = pods_of_attempt(cluster.pods(job), attempt)
+    _, pods = pods_of_attempt(await cluster.pods(job), attempt)
     for pod in pods:
-        for line in _pod_lines(cluster, pod, follow=False):
-            if keep_line(line, rank) or line.startswith("(no output"):
-                write(prefixed(pod, line))
+        async with contextlib.aclosing(_pod_lines(cluster, pod, follow=False)) as lines:
+            async for line in lines:
+                if keep_line(line, rank) or line.startswith("(no output"):
+                    write(prefixed(pod, line))
     if pods:
         return 0
     wanted = attempt if attempt is not None else int(status.get("attempt", 0))
@@ -217,25 +173,23 @@ def _print_attempt(cluster: _Cluster, job: Mapping[str, Json], attempt: int | No
     return 0
 
 
-def _follow(cluster: _Cluster, name: str, attempt: int | None, rank: int | None, write: Write) -> int:
+async def _follow(cluster: Cluster, name: str, attempt: int | None, rank: int | None, write: Write) -> int:
     """Stream the attempt's pods until they end; without ``attempt``, go on with each new attempt until the
     job ends. 0: it succeeded (or the given attempt ended), 1: it failed or was deleted."""
-    from kubernetes.client.exceptions import ApiException
-
     shown: set[int] = set()
     while True:
         try:
-            job = cluster.job(name)
-        except ApiException as error:
-            if _status_code(error) != 404:
+            job = await cluster.job(name)
+        except ApiError as error:
+            if error.status != HTTP_NOT_FOUND:
                 raise
             write(f"{name}: deleted")
             return 1
-        chosen, pods = pods_of_attempt(cluster.pods(job), attempt)
+        chosen, pods = pods_of_attempt(await cluster.pods(job), attempt)
         if pods and chosen is not None and chosen not in shown:
             if shown:
                 write(f"--- attempt {chosen} ---")
-            _stream_pods(cluster, pods, rank, write)
+            await _stream_pods(cluster, pods, rank, write)
             shown.add(chosen)
             if attempt is not None:
                 return 0
@@ -243,13 +197,19 @@ def _follow(cluster: _Cluster, name: str, attempt: int | None, rank: int | None,
         phase = (job.get("status") or {}).get("phase")
         if phase in _FINISHED:
             return 0 if phase == api.Phase.SUCCEEDED else 1
-        time.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def _show(cluster: Cluster, name: str, *, follow: bool, attempt: int | None, rank: int | None,
+                write: Write) -> int:
+    async with cluster:
+        if follow:
+            return await _follow(cluster, name, attempt, rank, write)
+        return await _print_attempt(cluster, await cluster.job(name), attempt, rank, write)
 
 
 def show_logs(namespace: str, name: str, *, follow: bool = False, attempt: int | None = None,
               rank: int | None = None, write: Write = print) -> int:
-    """`kubetrain logs`: 0 when there was something to show (following: the job succeeded), 1 otherwise."""
-    cluster = _Cluster(namespace)
-    if follow:
-        return _follow(cluster, name, attempt, rank, write)
-    return _print_attempt(cluster, cluster.job(name), attempt, rank, write)
+    """`kubetrain logs`: 0 when there was something to show (following: the job succeeded), 1 otherwise.
+    Raises ApiError when the API server refuses (404: no such job), kopf.LoginError without credentials."""
+    return asyncio.run(_show(connect(namespace), name, follow=follow, attempt=attempt, rank=rank, write=write))

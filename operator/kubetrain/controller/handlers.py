@@ -22,6 +22,7 @@ import aiohttp
 import kopf
 
 from kubetrain.controller import metrics
+from kubetrain.controller.companions import create_companions, name_taken, resolve_gang_scheduling
 from kubetrain.controller.jobstate import (
     HandlerLogger,
     JobRecord,
@@ -37,13 +38,12 @@ from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import api, judgements
 from kubetrain.core.failures import failed_reconcile, recovered, retry_delay, while_retrying
 from kubetrain.core.lifecycle import reconcile
-from kubetrain.core.manifests import build_pod, build_pod_group, build_service, owner_reference
+from kubetrain.core.manifests import build_pod, owner_reference
 from kubetrain.core.spec import SpecError, TrainingJob
 from kubetrain.core.status import PodState, Scrape, merge_patch
 from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Decision, Event, may_wait, must_persist_before_acting
 from kubetrain.k8s.kube import (
     ConflictError,
-    CreateError,
     JobGoneError,
     Kube,
     NamespaceTerminatingError,
@@ -86,6 +86,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     configure(settings)
     kube = Kube(lambda: login(settings), connections=config.api_connections)
     settings.scanning.disabled = not await scanning_needed(kube)
+    config = await resolve_gang_scheduling(config, kube)
     pods = PodWatch(kube, all_namespaces=config.all_namespaces)
     state = operator_state(config, kube, aiohttp.ClientSession(), pods)
     pods.on_change(lambda key: state.queue.add(key, POD_CHANGE))
@@ -279,7 +280,7 @@ async def _went_with_its_namespace(state: OperatorState, job: TrainingJob, decis
     if not judgements.needs_namespace_probe(decision.events):
         return False
     probe = build_pod(job, 0, int(decision.status.get("attempt", 0)), default_image=state.config.trainer_image,
-                      pod_group_scheduler=state.config.pod_group_scheduler)
+                      gang=state.config.gangs)
     return await state.kube.refuses_new_pods(job.namespace, probe)
 
 
@@ -319,21 +320,28 @@ async def _act(state: OperatorState, record: JobRecord, job: TrainingJob, pods: 
     # A pod labelled with this job's uid but without its owner was made before a crash: adopt it.
     await _all(kube.adopt_pod(job.namespace, pod.name, owner_reference(job)) for pod in pods
                if pod.job_uid == job.uid and not pod.has_owner)
-    if decision.create and state.config.pod_group_scheduler:
-        # The PodGroup first: the coscheduling plugin sets aside pods whose group does not exist yet.
-        await _create_companions(state, job, logger)
-        await _create_pods(state, record, job, decision)
-    elif decision.create:  # the pods' agents wait for the Service's DNS names: both at once
-        await _all([_create_companions(state, job, logger), _create_pods(state, record, job, decision)])
+    if decision.create:
+        await _create_attempt(state, record, job, decision, logger)
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(job.namespace, job.name)
 
 
+async def _create_attempt(state: OperatorState, record: JobRecord, job: TrainingJob, decision: Decision,
+                          logger: HandlerLogger) -> None:
+    """The missing pods and their companions: with gangs the PodGroup first (a pod whose group is missing waits
+    unscheduled), else both at once (the pods' agents wait for the Service's DNS names anyway)."""
+    companions = create_companions(state, job, int(decision.status["attempt"]), logger)
+    if state.config.gangs:
+        await companions
+        await _create_pods(state, record, job, decision)
+    else:
+        await _all([companions, _create_pods(state, record, job, decision)])
+
+
 async def _create_pods(state: OperatorState, record: JobRecord, job: TrainingJob, decision: Decision) -> None:
     attempt = int(decision.status["attempt"])
-    new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image,
-                          pod_group_scheduler=state.config.pod_group_scheduler)
+    new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image, gang=state.config.gangs)
                 for index in decision.create]
     record.expected = frozenset(p["metadata"]["name"] for p in new_pods)
     record.expected_until = time.monotonic() + EXPECTATION_TIMEOUT
@@ -347,7 +355,7 @@ async def _create_pods(state: OperatorState, record: JobRecord, job: TrainingJob
         if by is judgements.Holder.NOBODY:
             metrics.POD_CREATIONS.inc()
         elif by is not judgements.Holder.THIS_JOB:
-            raise _name_taken(job, "pod", pod["metadata"]["name"], by)
+            raise name_taken(job, "pod", pod["metadata"]["name"], by)
 
 
 async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
@@ -358,31 +366,6 @@ async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
         if isinstance(result, BaseException):
             raise result
     return cast(list[T], results)
-
-
-async def _create_companions(state: OperatorState, job: TrainingJob, logger: HandlerLogger) -> None:
-    """The headless Service, and the PodGroup when a gang scheduler places the pods."""
-    await _create_companion(state, job, build_service(job), logger)
-    if state.config.pod_group_scheduler:
-        await _create_companion(state, job, build_pod_group(job), logger)
-
-
-async def _create_companion(state: OperatorState, job: TrainingJob, body: Json, logger: HandlerLogger) -> None:
-    """Create one object named after the job; one left by a deleted job of the same name (--cascade=orphan)
-    is replaced."""
-    kind = body["kind"]
-    by = judgements.holder(await state.kube.create(job.namespace, body), job_uid=job.uid, job_name=job.name)
-    if by is judgements.Holder.PREVIOUS_JOB:
-        logger.info("replacing %s %s left by a previous job named %s", kind, job.name, job.name)
-        await state.kube.delete_companion(job.namespace, kind, job.name)
-        by = judgements.holder(await state.kube.create(job.namespace, body), job_uid=job.uid, job_name=job.name)
-    if by in (judgements.Holder.PREVIOUS_JOB, judgements.Holder.SOMEONE_ELSE):
-        raise _name_taken(job, kind.lower(), job.name, by)
-
-
-def _name_taken(job: TrainingJob, kind: str, name: str, by: judgements.Holder) -> CreateError:
-    """A child's name is held by an object that is not this job's: wait for it to go, and say so."""
-    return CreateError(f"{kind} {name}", 409, judgements.name_taken_message(kind, name, job.name, by))
 
 
 def _schedule(state: OperatorState, key: Key, decision: Decision, write_by: float | None = None) -> None:

@@ -19,7 +19,8 @@ class OperatorConfig:
     trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
     resync_interval: float = 30.0  # every job is reconciled at least this often
     api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
-    pod_group_scheduler: str = ""  # a coscheduling scheduler's name: each job gets a PodGroup, its pods that name
+    # Kubernetes' own gang scheduling: each attempt gets a PodGroup. auto is resolved at start-up (gangs.py).
+    gang_scheduling: api.GangScheduling = api.GangScheduling.AUTO
     # --namespace values when one is a pattern: kopf then watches jobs cluster-wide and these pick ours.
     namespace_patterns: tuple[str, ...] = ()
     all_namespaces: bool = False  # pods are watched cluster-wide (one watch), else namespace by namespace
@@ -27,6 +28,11 @@ class OperatorConfig:
     # Jobs reconciled at once for pod changes and timers (a job's own events reconcile in kopf's worker): a
     # worker waits mostly on the API, whose connection pool (api_connections) bounds the requests anyway.
     workers: int = 32
+
+    @property
+    def gangs(self) -> bool:
+        """Whether pods are placed as gangs (once start-up has resolved auto, see gangs.resolve)."""
+        return self.gang_scheduling is api.GangScheduling.ON
 
     def serves(self, namespace: str) -> bool:
         """Whether this operator reconciles the jobs of ``namespace`` (kopf watches only such, unless patterns)."""

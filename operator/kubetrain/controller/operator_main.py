@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from kubetrain.controller.memory import leave_out_what_the_operator_does_not_use
 from kubetrain.core import api
 
-__all__ = ["DESCRIPTION", "LOG_FORMATS", "LOG_LEVELS", "POD_GROUP_HELP", "TRAINER_IMAGE_HELP", "parser",
+__all__ = ["DESCRIPTION", "GANG_SCHEDULING_HELP", "LOG_FORMATS", "LOG_LEVELS", "TRAINER_IMAGE_HELP", "parser",
            "run", "trainer_image_problem"]
 
 DESCRIPTION = "Run the operator: reconcile TrainingJobs in the given namespaces (or all of them)."
@@ -26,9 +26,10 @@ LOG_LEVELS = ("quiet", "normal", "verbose", "debug")
 LOG_FORMATS = ("plain", "full", "json")
 NAMESPACE_PATTERN = "*?!,"  # a --namespace with one of these is a pattern (see operator_config.matches_namespace)
 TRAINER_IMAGE_HELP = "Image of the pods of jobs that leave spec.image unset."
-POD_GROUP_HELP = ("Gang scheduling through scheduler-plugins' coscheduling: give every job a PodGroup (minMember = "
-                  "its nodes) and its pods schedulerName NAME (e.g. scheduler-plugins-scheduler), unless the job "
-                  "sets spec.scheduling.schedulerName. Empty: no PodGroups.")
+GANG_SCHEDULING_HELP = ("Kubernetes' own gang scheduling: each attempt of a job gets a scheduling.k8s.io/v1beta1 "
+                        "PodGroup (minCount = its nodes, spec.scheduling.topology as its topology constraint), "
+                        "placed all or none by kube-scheduler. auto: where the API server serves PodGroups "
+                        "(feature gate GenericWorkload).")
 
 
 def trainer_image_problem(value: str) -> str:
@@ -75,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
                               "json: one object per line." + shown)
     options.add_argument("--trainer-image", type=_trainer_image, default=api.DEFAULT_TRAINER_IMAGE, metavar="REF",
                          help=TRAINER_IMAGE_HELP + shown)
-    options.add_argument("--pod-group-scheduler", default="", metavar="NAME", help=POD_GROUP_HELP)
+    options.add_argument("--gang-scheduling", type=api.GangScheduling, choices=list(api.GangScheduling),
+                         default=api.GangScheduling.AUTO, help=GANG_SCHEDULING_HELP + shown)
     return options
 
 
@@ -98,7 +100,7 @@ def run(argv: Sequence[str]) -> int:
     namespaces = tuple(args.namespaces)
     patterns = namespace_patterns(namespaces)
     config = OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
-                            pod_group_scheduler=args.pod_group_scheduler, all_namespaces=args.all_namespaces,
+                            gang_scheduling=args.gang_scheduling, all_namespaces=args.all_namespaces,
                             namespace_patterns=patterns)
     level = args.log_level
     kopf.configure(debug=level == "debug", verbose=level == "verbose", quiet=level == "quiet",

@@ -35,6 +35,7 @@ __all__ = [
     "SINGULAR",
     "VERSION",
     "ConditionType",
+    "GangScheduling",
     "Phase",
     "Reason",
 ]
@@ -76,13 +77,21 @@ LOG_TAIL_CHARS: Final = 2048
 
 
 class PODGROUP:
-    """scheduler-plugins' PodGroup: the coscheduling plugin binds a group's pods all or none."""
+    """Kubernetes' own PodGroup (scheduling.k8s.io/v1beta1, served with the GenericWorkload feature gate): the
+    default scheduler binds none of a group's pods until it can bind minCount of them."""
 
-    GROUP: Final = "scheduling.x-k8s.io"
-    VERSION: Final = "v1alpha1"
+    GROUP: Final = "scheduling.k8s.io"
+    VERSION: Final = "v1beta1"
     KIND: Final = "PodGroup"
     PLURAL: Final = "podgroups"
-    LABEL: Final = f"{GROUP}/pod-group"  # on each pod: the name of its PodGroup
+
+
+class GangScheduling(StrEnum):
+    """`kubetrain operator --gang-scheduling`: auto uses PodGroups where the API server serves them."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
 
 
 class LABEL:
@@ -211,3 +220,5 @@ class Reason(StrEnum):
     NOT_SCRAPED_YET = "NotScrapedYet"  # a new attempt: its rank 0 has not been read yet
     TOO_MANY_DISRUPTIONS = "TooManyDisruptions"
     RENDEZVOUS_TIMEOUT = "RendezvousTimeout"  # the gang did not all join torchrun's rendezvous in time
+    # The scheduler cannot place the pods (for a gang: all of them at once); its own message follows.
+    UNSCHEDULABLE = "Unschedulable"

@@ -247,12 +247,9 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
         draft.condition(ConditionType.CREATED, True, Reason.CREATED, message)
         reason = Reason.CREATED if not current else Reason.SCALED
         draft.events.append(Event("Normal", reason, message))
-    unscheduled = [p.name for p in current if not p.scheduled]
+    unscheduled = [p for p in current if not p.scheduled]
     if draft.create or unscheduled:
-        waiting = [*unscheduled, *(pod_name(draft.job.name, i) for i in draft.create)]
-        message = f"waiting for {len(waiting)} pod(s) to be scheduled: {', '.join(waiting[:5])}"
-        draft.phase(Phase.PENDING, message)
-        draft.condition(ConditionType.RUNNING, False, Reason.PODS_PENDING, message)
+        _report_pending(draft, unscheduled)
     elif counts.ready + counts.succeeded < spec.nodes:
         message = f"{counts.ready}/{spec.nodes} pods running"
         draft.phase(Phase.STARTING, message)
@@ -266,3 +263,18 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
         if spec.failure_policy.stall_timeout_seconds:
             draft.condition(ConditionType.STALLED, False, Reason.ALL_RUNNING, "the training heartbeat is fresh")
             draft.requeue(spec.failure_policy.stall_timeout_seconds)
+
+
+def _report_pending(draft: Draft, unscheduled: Sequence[PodState]) -> None:
+    """Pending: the pods not placed yet, and the scheduler's reason when it said it cannot place them (for a
+    gang, kube-scheduler's PodGroup message: minCount cannot be satisfied, no feasible placement...)."""
+    waiting = [*(p.name for p in unscheduled), *(pod_name(draft.job.name, i) for i in draft.create)]
+    message = f"waiting for {len(waiting)} pod(s) to be scheduled: {', '.join(waiting[:5])}"
+    why = next((p.unschedulable for p in unscheduled if p.unschedulable), None)
+    if why is None:
+        draft.phase(Phase.PENDING, message)
+        draft.condition(ConditionType.RUNNING, False, Reason.PODS_PENDING, message)
+        return
+    message = f"{message}; the scheduler: {why}"
+    draft.phase(Phase.PENDING, message)
+    draft.condition(ConditionType.RUNNING, False, Reason.UNSCHEDULABLE, message[:4096])

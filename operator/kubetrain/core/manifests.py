@@ -1,4 +1,4 @@
-"""Pure builders: a TrainingJob in, the headless Service and the pods of one attempt out (plain dicts).
+"""Pure builders: a TrainingJob in, the headless Service, the pods of one attempt and their PodGroup out (plain dicts).
 
 The pod contract (its variables are listed in trainer_image/README.md): one pod per node named
 ``<job>-<index>`` (naming.py), hostname and subdomain so that ``<job>-0.<job>`` resolves before anything is ready,
@@ -13,7 +13,7 @@ from typing import Any
 
 from kubetrain.core import api
 from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
-from kubetrain.core.naming import identity_labels, job_labels, pod_name
+from kubetrain.core.naming import identity_labels, job_labels, pod_group_name, pod_name
 from kubetrain.core.spec import TrainingJob, thaw
 
 __all__ = [
@@ -68,20 +68,24 @@ def build_service(job: TrainingJob) -> dict[str, Json]:
     }
 
 
-def build_pod_group(job: TrainingJob) -> dict[str, Json]:
-    """scheduler-plugins' PodGroup of the job (``kubetrain operator --pod-group-scheduler``): the coscheduling
-    plugin binds none of the job's pods until it can bind minMember of them, so a gang never half-starts."""
+def build_pod_group(job: TrainingJob, attempt: int) -> dict[str, Json]:
+    """The PodGroup of one attempt (scheduling.k8s.io/v1beta1, with gang scheduling on): kube-scheduler binds
+    none of the attempt's pods until it can bind minCount of them, so a gang never half-starts and holds nothing
+    while it waits. No Workload object: the group's spec carries the policy (workloadRef is optional)."""
     spec = job.spec
+    labels = job_labels(job) | {api.LABEL.ATTEMPT: str(attempt)}
+    group_spec: dict[str, Json] = {
+        # An elastic job runs with minNodes; more pods join as they are placed.
+        "schedulingPolicy": {"gang": {
+            "minCount": spec.elastic.min_nodes if spec.elastic is not None else spec.nodes}},
+    }
+    if spec.scheduling.topology:  # every pod of the gang in one domain of that node label
+        group_spec["schedulingConstraints"] = {"topology": [{"key": spec.scheduling.topology}]}
     return {
         "apiVersion": f"{api.PODGROUP.GROUP}/{api.PODGROUP.VERSION}",
         "kind": api.PODGROUP.KIND,
-        "metadata": _metadata(job, job.name, job_labels(job)),
-        "spec": {
-            # An elastic job runs with minNodes; more pods join as they are placed.
-            "minMember": spec.elastic.min_nodes if spec.elastic is not None else spec.nodes,
-            # How long placed pods wait for the rest of the group: as long as torchrun's rendezvous waits.
-            "scheduleTimeoutSeconds": spec.failure_policy.rendezvous_timeout_seconds,
-        },
+        "metadata": _metadata(job, pod_group_name(job.name, attempt), labels),
+        "spec": group_spec,
     }
 
 
@@ -170,14 +174,12 @@ def container_image(job: TrainingJob, default_image: str) -> str:
 
 
 def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
-              pod_group_scheduler: str = "") -> dict[str, Json]:
+              gang: bool = False) -> dict[str, Json]:
     """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image;
-    with ``pod_group_scheduler`` the pod joins the job's PodGroup and is placed by that scheduler."""
+    with ``gang`` the pod belongs to its attempt's PodGroup (build_pod_group)."""
     spec = job.spec
     name = pod_name(job.name, index)
     labels = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
-    if pod_group_scheduler:
-        labels[api.PODGROUP.LABEL] = job.name
     metadata = _metadata(job, name, labels)
     metadata["annotations"] = {f"{api.ANNOTATION_PREFIX}rendezvous-id": rendezvous_id(job, attempt)}
     volumes, mounts = _volumes(job)
@@ -215,12 +217,14 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
         }],
         "volumes": volumes,
         "tolerations": _tolerations(job),
-        **_placement(job, pod_group_scheduler),
+        **_placement(job),
     }
+    if gang:
+        pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def _placement(job: TrainingJob, pod_group_scheduler: str) -> dict[str, Json]:
+def _placement(job: TrainingJob) -> dict[str, Json]:
     """The pod spec's scheduling fields: the job's own, else the operator's defaults."""
     spec = job.spec
     scheduling = spec.scheduling
@@ -233,13 +237,13 @@ def _placement(job: TrainingJob, pod_group_scheduler: str) -> dict[str, Json]:
         placement["affinity"] = _spread(job)
     if scheduling.priority_class_name:
         placement["priorityClassName"] = scheduling.priority_class_name
-    if scheduling.scheduler_name or pod_group_scheduler:
-        placement["schedulerName"] = scheduling.scheduler_name or pod_group_scheduler
+    if scheduling.scheduler_name:
+        placement["schedulerName"] = scheduling.scheduler_name
     return placement
 
 
 def build_pods(job: TrainingJob, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
-               pod_group_scheduler: str = "") -> Iterator[dict[str, Json]]:
+               gang: bool = False) -> Iterator[dict[str, Json]]:
     """Every pod of an attempt, one per desired node."""
     for index in range(job.spec.nodes):
-        yield build_pod(job, index, attempt, default_image=default_image, pod_group_scheduler=pod_group_scheduler)
+        yield build_pod(job, index, attempt, default_image=default_image, gang=gang)

@@ -1,7 +1,7 @@
 """The names and labels of a job's children: facts that the pod builder and the reconcile decision share.
 
-A pod per node is named ``<job>-<index>``; every child carries the job's name and uid as labels, which tell
-it from a child of an earlier job of the same name.
+A pod per node is named ``<job>-<index>``, an attempt's PodGroup ``<job>-gang-<attempt>``; every child carries the
+job's name and uid as labels, which tell it from a child of an earlier job of the same name.
 """
 
 from __future__ import annotations
@@ -9,11 +9,17 @@ from __future__ import annotations
 from kubetrain.core import api
 from kubetrain.core.spec import TrainingJob
 
-__all__ = ["identity_labels", "job_labels", "job_selector", "pod_name"]
+__all__ = ["identity_labels", "job_labels", "job_selector", "pod_group_name", "pod_name"]
 
 
 def pod_name(job_name: str, index: int) -> str:
     return f"{job_name}-{index}"
+
+
+def pod_group_name(job_name: str, attempt: int) -> str:
+    """Each attempt's gang has a PodGroup of its own: a group's gang policy binds once, and a new attempt's
+    pods must be placed whole again (MAX_NAME_LENGTH leaves room for the suffix)."""
+    return f"{job_name}-gang-{attempt}"
 
 
 def identity_labels(job: TrainingJob) -> dict[str, str]:

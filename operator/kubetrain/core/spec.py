@@ -110,6 +110,7 @@ class Scheduling:
     affinity: Mapping[str, Json] | None
     priority_class_name: str | None
     scheduler_name: str | None
+    topology: str | None = None  # a node-label key the whole gang shares (its PodGroup's topology constraint)
 
 
 @dataclass(frozen=True)
@@ -287,4 +288,5 @@ def _scheduling(scheduling: Mapping[str, Json]) -> Scheduling:
         affinity=_frozen(scheduling["affinity"]) if "affinity" in scheduling else None,
         priority_class_name=scheduling.get("priorityClassName") or None,
         scheduler_name=scheduling.get("schedulerName") or None,
+        topology=scheduling.get("topology") or None,
     )

@@ -69,6 +69,8 @@ RENDEZVOUS_CONNECTION_ERROR = "RendezvousConnectionError"
 # Pod-level reasons that mean the platform, not the program, ended the pod.
 _DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown", "Terminated",
                                  "DeletionByTaintManager", "TerminationByKubelet"})
+# PodScheduled=False reasons of a pod the scheduler tried and failed to place.
+_UNPLACED = frozenset({"Unschedulable", "SchedulerError"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ class PodState:
     node_lost: bool = False
     ip: str | None = None  # where its metrics are scraped
     has_owner: bool = True  # has an owner reference (one made just before a crash may lack it: adopted)
+    # Why the scheduler does not place it (its PodScheduled=False message; for a gang, the whole group's reason).
+    unschedulable: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -165,6 +169,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
             terminated = (container.get("state") or {}).get("terminated") or {}
     pod_reason = status.get("reason")
     disruption = _condition(pod, "DisruptionTarget")
+    placing = _condition(pod, "PodScheduled") or {}
     return PodState(
         name=metadata.get("name", ""),
         index=int(labels.get(api.LABEL.NODE_INDEX, -1)),
@@ -185,6 +190,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         node_lost=(disruption or {}).get("reason") == TAINT_EVICTION_REASON,
         ip=status.get("podIP"),
         has_owner=bool(metadata.get("ownerReferences")),
+        unschedulable=placing.get("message") or placing.get("reason") if placing.get("reason") in _UNPLACED else None,
     )
 
 

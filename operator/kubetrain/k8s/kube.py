@@ -120,8 +120,9 @@ class _CoreV1:
         return await self._rest.request("DELETE", self._path(namespace, "services", name))
 
 
-class _PodGroups:
-    """scheduler-plugins' PodGroups (only with ``--pod-group-scheduler``), named like a generated client's."""
+class _SchedulingV1beta1:
+    """Kubernetes' own PodGroups (scheduling.k8s.io/v1beta1, with gang scheduling on), named like the official
+    client's SchedulingV1beta1Api."""
 
     def __init__(self, rest: Rest) -> None:
         self._rest = rest
@@ -171,21 +172,29 @@ class Kube:
         self._rest = Rest(login, connections)
         self._core = _CoreV1(self._rest)
         self._custom = _CustomObjects(self._rest)
-        self._pod_groups = _PodGroups(self._rest)
+        self._scheduling = _SchedulingV1beta1(self._rest)
 
     async def close(self) -> None:
         await self._rest.close()
 
     async def serves_jobs(self) -> bool:
-        """Whether the API server serves TrainingJobs (their CRD is installed), from API discovery, which every
-        authenticated client may read."""
+        """Whether the API server serves TrainingJobs (their CRD is installed)."""
+        return await self._serves(api.GROUP, api.VERSION, api.PLURAL)
+
+    async def serves_pod_groups(self) -> bool:
+        """Whether the API server serves scheduling.k8s.io/v1beta1 PodGroups (Kubernetes' own gang scheduling,
+        feature gate GenericWorkload)."""
+        return await self._serves(api.PODGROUP.GROUP, api.PODGROUP.VERSION, api.PODGROUP.PLURAL)
+
+    async def _serves(self, group: str, version: str, plural: str) -> bool:
+        """From API discovery, which every authenticated client may read."""
         try:
-            found = await self._rest.request("GET", f"/apis/{api.GROUP}/{api.VERSION}")
+            found = await self._rest.request("GET", f"/apis/{group}/{version}")
         except ApiError as error:
             if error.status == HTTP_NOT_FOUND:
                 return False
             raise
-        return any(resource.get("name") == api.PLURAL for resource in found.get("resources") or [])
+        return any(resource.get("name") == plural for resource in found.get("resources") or [])
 
     async def get_job(self, namespace: str, name: str) -> Json | None:
         try:
@@ -233,8 +242,8 @@ class Kube:
         create, read = {
             "Pod": (self._core.create_namespaced_pod, self._core.read_namespaced_pod),
             "Service": (self._core.create_namespaced_service, self._core.read_namespaced_service),
-            api.PODGROUP.KIND: (self._pod_groups.create_namespaced_pod_group,
-                                self._pod_groups.read_namespaced_pod_group),
+            api.PODGROUP.KIND: (self._scheduling.create_namespaced_pod_group,
+                                self._scheduling.read_namespaced_pod_group),
         }[body["kind"]]
         name = body["metadata"]["name"]
         try:
@@ -274,8 +283,9 @@ class Kube:
             "timeoutSeconds": str(WATCH_SECONDS)})
 
     async def delete_companion(self, namespace: str, kind: str, name: str) -> None:
-        """Delete the job's Service or PodGroup (one that a deleted job of the same name left)."""
-        delete = (self._pod_groups.delete_namespaced_pod_group if kind == api.PODGROUP.KIND
+        """Delete one of the job's Service or PodGroups (left by a deleted job of the same name, or an earlier
+        attempt's group)."""
+        delete = (self._scheduling.delete_namespaced_pod_group if kind == api.PODGROUP.KIND
                   else self._core.delete_namespaced_service)
         try:
             await delete(name, namespace)

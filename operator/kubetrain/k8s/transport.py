@@ -7,10 +7,11 @@ login handler too). kube.py builds the operator's calls on this; nothing else se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import aiohttp
 import kopf
 
 from kubetrain.core import api
+from kubetrain.k8s.exec_login import with_exec_credentials
 
 __all__ = ["ApiError", "Login", "Rest", "VersionGoneError", "login"]
 
@@ -83,7 +85,8 @@ class VersionGoneError(Exception):
 
 def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     """The operator's credentials: its service account in a pod, else the kubeconfig (KUBECONFIG or
-    ~/.kube/config). kopf's own minimal logins, so that neither kopf nor we need the official client."""
+    ~/.kube/config, its `exec:` plugin run as kubectl runs it). kopf's own minimal logins, so that neither
+    kopf nor we need the official client."""
     info = kopf.login_with_service_account(settings=settings)
     if info is not None:
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
@@ -94,7 +97,7 @@ def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     info = kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.LoginError("neither a service account token nor a kubeconfig (KUBECONFIG, ~/.kube/config)")
-    return _relative_to_kubeconfig(info)
+    return with_exec_credentials(_relative_to_kubeconfig(info))
 
 
 def _relative_to_kubeconfig(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
@@ -150,23 +153,32 @@ class Rest:
             if session is not None:
                 await session.close()
 
-    async def stream(self, path: str, params: Mapping[str, str]) -> AsyncIterator[Json]:
+    async def stream(self, path: str, params: Mapping[str, str]) -> AsyncGenerator[Json, None]:
         """A watch's events, one JSON object each; ApiError for an error status (a 401 logs in again for the
         next one), VersionGoneError when the watch's resourceVersion is gone."""
-        url = self._info.server.rstrip("/") + path
-        headers = {**self._headers, "Accept": JSON}
-        async with self._open_for_watches().get(url, params=params, headers=headers) as response:
-            if response.status >= HTTP_ERRORS:
-                if response.status == HTTP_UNAUTHORIZED:
-                    self._log_in_again()
-                raise ApiError(response.status, response.reason or "", await response.text())
-            # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
-            pending = b""
-            async for chunk in response.content.iter_any():
+        # Lines are split here: aiohttp's readline() refuses lines over 64 KiB, and a pod can be larger.
+        pending = b""
+        async with contextlib.aclosing(self.stream_bytes(path, params, accept=JSON)) as chunks:
+            async for chunk in chunks:
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     if line.strip():
                         yield _watch_event(json.loads(line))
+
+    async def stream_bytes(self, path: str, params: Mapping[str, str], *, accept: str = "*/*",
+                           read_timeout: float = WATCH_READ_TIMEOUT) -> AsyncGenerator[bytes, None]:
+        """A long answer's body as it arrives (a watch's, a followed log's), in chunks that split lines
+        anywhere; ApiError for an error status (a 401 logs in again for the next one)."""
+        url = self._info.server.rstrip("/") + path
+        headers = {**self._headers, "Accept": accept}
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_read=read_timeout)
+        async with self._open_for_watches().get(url, params=params, headers=headers, timeout=timeout) as response:
+            if response.status >= HTTP_ERRORS:
+                if response.status == HTTP_UNAUTHORIZED:
+                    self._log_in_again()
+                raise ApiError(response.status, response.reason or "", await response.text())
+            async for chunk in response.content.iter_any():
+                yield chunk
 
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Json = None, content_type: str = JSON) -> Json:

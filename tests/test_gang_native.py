@@ -1,0 +1,162 @@
+"""Kubernetes' own gang scheduling, on a lab whose control plane serves scheduling.k8s.io/v1beta1 PodGroups.
+
+One lab for the module (``Lab(gang=True)``: the GenericWorkload and TopologyAwareWorkloadScheduling feature gates
+on the apiserver, scheduler and controller manager, the API enabled), three 16-CPU process nodes in two racks
+(``example.com/rack``: a = lab-node-0 and lab-node-1, b = lab-node-2), and the operator with the chart's identity
+and its default ``--gang-scheduling=auto``: it finds the API and uses it. Pods ask for 9 CPUs, so a node holds one.
+What the tests see is kube-scheduler's own placement: zero pods bound while a gang cannot be placed whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.lab.chart import CRD, install_identity, wait_crd_established
+from tests.lab.jobs import Jobs
+from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
+from tests.lab.namespaces import delete_namespace
+from tests.lab.operator_process import OperatorProcess
+from tests.lab.pods import pod_manifest
+from tests.lab.procs import wait_for
+from tests.test_operator import condition, spec
+
+pytestmark = [pytest.mark.lab]
+Json = Any
+RACK = "example.com/rack"
+RACKS = {"lab-node-0": "a", "lab-node-1": "a", "lab-node-2": "b"}
+POD_GROUPS = "/apis/scheduling.k8s.io/v1beta1/namespaces/{}/podgroups"
+NINE_CPUS = {"cpu": "9", "memory": "512Mi", "sharedMemory": "64Mi"}
+SAYS_WHY_WITHIN_S = 20  # on the 2-core machine, with other labs running
+
+
+@pytest.fixture(scope="module")
+def gang_lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
+    prune_run_dirs("pytest-gang-")
+    run_dir = LAB_HOME / f"pytest-gang-{os.getpid()}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with Lab(run_dir, nodes=3, gang=True) as lab:
+        for node, rack in RACKS.items():
+            lab.api.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {RACK: rack}}})
+        lab.kubectl("apply", "--server-side", "-f", str(CRD))
+        wait_crd_established(lab)
+        _, kubeconfig = install_identity(lab)
+        operator = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--namespace=gang-*",))
+        operator.start()
+        try:
+            yield lab
+        finally:
+            operator.stop()
+
+
+@pytest.fixture
+def jobs(gang_lab: Lab) -> Iterator[Jobs]:
+    name = f"gang-{uuid.uuid4().hex[:6]}"
+    gang_lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    gang_lab.wait_service_account(name)
+    try:
+        yield Jobs(gang_lab, name)
+    finally:
+        delete_namespace(gang_lab, name)
+
+
+def _blocker(jobs: Jobs, node: str) -> str:
+    """A plain pod holding 9 of ``node``'s 16 CPUs; its name."""
+    name = f"blocker-{node}"
+    pod = pod_manifest(name, ["sleep", "600"], [], grace_s=0, nodeSelector={"kubernetes.io/hostname": node})
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "9", "memory": "1Gi"}}
+    jobs.lab.api.post(f"/api/v1/namespaces/{jobs.namespace}/pods", pod)
+    wait_for(lambda: bool(_pod(jobs, name)["spec"].get("nodeName")), 60, f"{name} bound", interval=0.25)
+    return name
+
+
+def _pod(jobs: Jobs, name: str) -> Json:
+    return jobs.lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods/{name}")
+
+
+def _bound(jobs: Jobs, job: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in jobs.pods(job) if p["spec"].get("nodeName")}
+
+
+def _group(jobs: Jobs, name: str) -> Json:
+    return jobs.lab.api.get(POD_GROUPS.format(jobs.namespace) + f"/{name}")
+
+
+def _unschedulable(jobs: Jobs, job: str, nodes: int) -> Json:
+    """Wait until the job says that the scheduler cannot place its gang (within seconds); no pod of it may be
+    bound then, nor a few seconds later (the scheduler has had its tries)."""
+    started = time.monotonic()
+    status = jobs.wait(job, lambda s: condition(s, "Running").get("reason") == "Unschedulable",
+                       "the scheduler's reason in the status", timeout=SAYS_WHY_WITHIN_S)
+    print(f"{job}: Unschedulable in the status {time.monotonic() - started:.1f} s after its creation")
+    assert len(jobs.pods(job)) == nodes
+    for _ in range(3):
+        assert _bound(jobs, job) == {}, "a gang that cannot be placed whole binds no pod"
+        time.sleep(1)
+    return status
+
+
+def test_a_gang_that_cannot_fit_binds_no_pod_says_why_and_starts_when_capacity_frees(jobs: Jobs) -> None:
+    blocker = _blocker(jobs, "lab-node-2")
+    job = jobs.create("three", spec("import time; time.sleep(3); print('trained')", nodes=3, resources=NINE_CPUS))
+    status = _unschedulable(jobs, "three", 3)
+    assert status["phase"] == "Pending"
+    assert "minCount (3) cannot be satisfied" in status["message"], status["message"]
+    assert "the scheduler: " in condition(status, "Running")["message"]
+    group = _group(jobs, "three-gang-0")
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert [(o["kind"], o["uid"]) for o in group["metadata"]["ownerReferences"]] == [
+        ("TrainingJob", job["metadata"]["uid"])]
+    assert group["metadata"]["labels"]["kubetrain.io/attempt"] == "0"
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in jobs.pods("three")} == {"three-gang-0"}
+    scheduled = condition(group["status"], "PodGroupInitiallyScheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+
+    jobs.lab.api.delete(f"/api/v1/namespaces/{jobs.namespace}/pods/{blocker}")
+    jobs.wait("three", lambda s: s.get("phase") in ("Running", "Succeeded"), "the gang placed", timeout=120)
+    assert sorted(_bound(jobs, "three").values()) == sorted(RACKS)
+    assert jobs.wait_phase("three", "Succeeded", timeout=120)["phase"] == "Succeeded"
+
+
+def test_a_gang_restart_places_the_new_attempt_as_a_gang_of_its_own(jobs: Jobs) -> None:
+    jobs.create("again", spec("import time; time.sleep(600)", nodes=2, resources=NINE_CPUS,
+                              failurePolicy={"backoffLimit": 2}))
+    jobs.wait("again", lambda s: s.get("phase") == "Running", "attempt 0 running")
+    jobs.lab.kill_pod(jobs.namespace, "again-1")
+    status = jobs.wait("again", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running",
+                       "attempt 1 running", timeout=120)
+    assert status["restarts"] == 1
+    pods = jobs.pods("again")
+    assert {p["metadata"]["labels"]["kubetrain.io/attempt"] for p in pods} == {"1"}
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"again-gang-1"}
+    group = _group(jobs, "again-gang-1")
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    assert condition(group["status"], "PodGroupInitiallyScheduled")["status"] == "True"
+    wait_for(lambda: not jobs.lab.api.exists(POD_GROUPS.format(jobs.namespace) + "/again-gang-0"), 60,
+             "attempt 0's group deleted", interval=0.5)
+
+
+def test_a_gang_with_a_topology_key_lands_inside_one_rack(jobs: Jobs) -> None:
+    # Free: lab-node-0 (rack a) and lab-node-2 (rack b). Without the constraint the gang would take both at once.
+    blocker = _blocker(jobs, "lab-node-1")
+    jobs.create("rack", spec("import time; time.sleep(600)", nodes=2, resources=NINE_CPUS,
+                             scheduling={"topology": RACK}))
+    _unschedulable(jobs, "rack", 2)
+    assert _group(jobs, "rack-gang-0")["spec"]["schedulingConstraints"] == {"topology": [{"key": RACK}]}
+    jobs.lab.api.delete(f"/api/v1/namespaces/{jobs.namespace}/pods/{blocker}")
+    jobs.wait("rack", lambda s: s.get("phase") == "Running", "the gang placed in rack a", timeout=120)
+    assert sorted(_bound(jobs, "rack").values()) == ["lab-node-0", "lab-node-1"]
+
+
+def test_a_topology_key_no_node_has_is_said_and_holds_nothing(jobs: Jobs) -> None:
+    jobs.create("nowhere", spec("print('never')", nodes=1, scheduling={"topology": "example.com/no-such-label"}))
+    status = _unschedulable(jobs, "nowhere", 1)
+    assert "no feasible placements found" in status["message"], status["message"]
