@@ -64,7 +64,8 @@ def _rendered(args: list[str], option: str) -> str:
 def test_schema_offers_exactly_the_cli_choices() -> None:
     assert tuple(OPERATOR_VALUES["logLevel"]["enum"]) == LOG_LEVELS
     assert tuple(OPERATOR_VALUES["logFormat"]["enum"]) == LOG_FORMATS
-    assert SCHEMA["properties"]["gangScheduling"]["enum"] == list(api.GangScheduling)
+    # Strings, and the booleans an unquoted YAML on/off reads as (the chart renders them as on/off).
+    assert SCHEMA["properties"]["gangScheduling"]["enum"] == [*api.GangScheduling, True, False]
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -79,6 +80,7 @@ def test_operator_accepts_and_applies_the_chart_args(case: tuple[Path, str], mon
     _assert_log_format(launch, _value(values, "logFormat", setting))
     assert launch.config.trainer_image == _rendered(args, "--trainer-image")
     gang = (yaml.safe_load(values.read_text()) or {}).get("gangScheduling", DEFAULTS["gangScheduling"])
+    gang = {True: "on", False: "off"}.get(gang, gang)
     assert launch.config.gang_scheduling == gang == _rendered(args, "--gang-scheduling")
     assert launch.metrics_port == _value(values, "metricsPort", setting)
 

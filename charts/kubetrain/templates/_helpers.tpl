@@ -127,7 +127,7 @@ extra args (last, so that they win over the chart's own).
 - --log-level={{ .Values.operator.logLevel }}
 - --log-format={{ .Values.operator.logFormat }}
 - {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
-- --gang-scheduling={{ .Values.gangScheduling }}
+- --gang-scheduling={{ include "kubetrain.gangScheduling" . }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}
@@ -198,3 +198,12 @@ summary and description (Prometheus templates, already escaped from Helm by the 
     description: {{ .description | quote }}
     runbook_url: {{ printf "%s#%s" .ctx.Values.prometheusRule.runbookUrl (lower .name) | quote }}
 {{- end }}
+
+{{/* gangScheduling as the operator's flag takes it: YAML reads an unquoted on/off as a boolean. */}}
+{{- define "kubetrain.gangScheduling" -}}
+{{- if kindIs "bool" .Values.gangScheduling -}}
+{{- ternary "on" "off" .Values.gangScheduling -}}
+{{- else -}}
+{{- .Values.gangScheduling -}}
+{{- end -}}
+{{- end -}}
