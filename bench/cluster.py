@@ -40,11 +40,16 @@ RUN_DIR_PREFIX = "bench-"
 class Cluster:
     """The lab with the CRD and the operator; :meth:`stop` leaves nothing running."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, *, kueue: bool = False, gang: bool = False) -> None:
+        """``kueue``: a lab of its own with Kueue running (bench/kueue.py): Kueue's webhooks see every pod.
+        ``gang``: a lab of its own serving scheduling.k8s.io/v1beta1 PodGroups (bench/gang.py)."""
         from tests.lab.lab import LAB_HOME
 
         self.ctx = ctx
-        self.run_dir = LAB_HOME / f"{RUN_DIR_PREFIX}{os.getpid()}"
+        self.kueue = kueue
+        self.gang = gang
+        kind = "kueue-" if kueue else "gang-" if gang else ""
+        self.run_dir = LAB_HOME / f"{RUN_DIR_PREFIX}{kind}{os.getpid()}"
         self.lab: Any = None
         self.operator: Any = None
 
@@ -55,10 +60,11 @@ class Cluster:
 
         _prune_old_run_dirs(LAB_HOME)
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        self.ctx.log(f"starting the lab (2 nodes) in {self.run_dir}")
+        extras = (", Kueue" if self.kueue else "") + (", PodGroups" if self.gang else "")
+        self.ctx.log(f"starting the lab (2 nodes{extras}) in {self.run_dir}")
         self._keep_lab_log()
         started = time.monotonic()
-        lab = Lab(self.run_dir, nodes=2, gpus_per_node=0)
+        lab = Lab(self.run_dir, nodes=2, gpus_per_node=0, kueue=self.kueue, gang=self.gang)
         lab.start()  # stops what it started if it fails
         self.lab = lab
         self.lab.kubectl("apply", "--server-side", "-f", str(CRD))
@@ -138,10 +144,15 @@ class Cluster:
         return time.monotonic()
 
     def create_objects(self, namespace: str, objects: list[Json], concurrency: int = 1) -> None:
-        """Post a Service and pods (as ``bare_objects`` makes them): the Service first, then the pods,
-        ``concurrency`` requests at a time."""
+        """Post a Service and pods (as ``bare_objects`` makes them): the Service (and a PodGroup) first, then the
+        pods, ``concurrency`` requests at a time."""
+        from kubetrain.core import api
+
         service, *pods = objects
         self.lab.api.post(f"/api/v1/namespaces/{namespace}/services", service)
+        for group in [p for p in pods if p["kind"] == api.PODGROUP.KIND]:
+            self.lab.api.post(f"/apis/{group['apiVersion']}/namespaces/{namespace}/podgroups", group)
+        pods = [p for p in pods if p["kind"] == "Pod"]
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda pod: self.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
 
@@ -216,16 +227,18 @@ def job_spec(code: str, nodes: int) -> Json:
     }
 
 
-def bare_objects(name: str, namespace: str, spec: Json) -> list[Json]:
+def bare_objects(name: str, namespace: str, spec: Json, *, gang: bool = False) -> list[Json]:
     """The Service and pods the operator would create for a job ``name``, created by hand instead: the same
-    command, image, resources and pod spec, with labels renamed so that the operator never sees them."""
-    from kubetrain.core.manifests import build_pods, build_service
+    command, image, resources and pod spec, with labels renamed so that the operator never sees them. ``gang``:
+    the attempt's PodGroup too (after the Service), and the pods in it."""
+    from kubetrain.core.manifests import build_pod_group, build_pods, build_service
     from kubetrain.core.spec import parse
 
     body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
     job = parse(body)
-    objects = [build_service(job), *build_pods(job, 0)]
+    group = [build_pod_group(job, 0)] if gang else []
+    objects = [build_service(job), *group, *build_pods(job, 0, gang=gang)]
     for obj in objects:
         metadata = obj["metadata"]
         metadata.pop("ownerReferences", None)

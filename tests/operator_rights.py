@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from kubetrain.core import api
+from kubetrain.core.queueing import KUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = ROOT / "operator" / "kubetrain"
@@ -29,20 +30,25 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create": "create", "patch": "patch",
          "replace": "update", "delete": "delete"}
 # The modules that call Kube (as state.kube, kube or self._kube).
-KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "k8s/podwatch.py")
-# Client object kinds -> (apiGroup, plural): the core kinds the operator makes, and its one custom resource.
+KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "controller/queueing.py", "k8s/podwatch.py")
+# Client object kinds -> (apiGroup, plural): the core kinds the operator makes, its one custom resource, and Kueue's
+# Workloads of the jobs in a Kueue queue.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
-         "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL)}
-CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
-CLIENT_ATTRIBUTES = ("_core", "_custom", "_scheduling")
+         "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL), "workload": (KUEUE.GROUP, KUEUE.WORKLOADS)}
+# Cluster-scoped kinds it reads (client methods without "namespaced"): what a Kueue admission and priority mean.
+CLUSTER_KINDS = {"resource_flavor": (KUEUE.GROUP, KUEUE.RESOURCE_FLAVORS),
+                 "priority_class": ("scheduling.k8s.io", "priorityclasses")}
+CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_(?P<namespaced>namespaced_)?(?P<kind>[a-z_]+?)(?P<status>_status)?$")
+CLIENT_ATTRIBUTES = ("_core", "_custom", "_scheduling", "_priorities", "_kueue")
 
 
 def client_rule(method: str) -> Rule:
     """The right one Kubernetes client method needs; ValueError for one this table does not know yet."""
     match = CLIENT_METHOD.match(method)
-    if match is None or match["verb"] not in VERBS or match["kind"] not in KINDS:
+    kinds = KINDS if match is not None and match["namespaced"] else CLUSTER_KINDS
+    if match is None or match["verb"] not in VERBS or match["kind"] not in kinds:
         raise ValueError(f"map the client method {method} to its RBAC rule in tests/operator_rights.py")
-    group, resource = KINDS[match["kind"]]
+    group, resource = kinds[match["kind"]]
     return group, resource + ("/status" if match["status"] else ""), VERBS[match["verb"]]
 
 
@@ -124,10 +130,21 @@ def kopf_rules() -> set[Rule]:
     return rules | {("", "events", "create")}
 
 
+def _namespaced(method: str) -> bool:
+    match = CLIENT_METHOD.match(method)
+    return match is not None and bool(match["namespaced"])
+
+
 def operator_rules() -> set[Rule]:
     """Everything the operator does in a namespace it serves: its own calls and kopf's."""
-    return {client_rule(method) for method in client_methods_used()} | kopf_rules()
+    return {client_rule(method) for method in client_methods_used() if _namespaced(method)} | kopf_rules()
 
 
 # Cluster-scoped: kopf's resource observer lists and watches CRDs.
 DISCOVERY_RULES: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
+
+
+def cluster_rules() -> set[Rule]:
+    """What the operator needs cluster-wide in either mode: kopf's CRD discovery and its reads of cluster-scoped
+    objects (Kueue's ResourceFlavors, PriorityClasses)."""
+    return {client_rule(method) for method in client_methods_used() if not _namespaced(method)} | DISCOVERY_RULES

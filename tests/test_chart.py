@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kubetrain.core.api import DEFAULT_TRAINER_IMAGE, GROUP, LABEL, PLURAL
-from tests.operator_rights import DISCOVERY_RULES, operator_rules
+from tests.operator_rights import cluster_rules, operator_rules
 from tests.test_chart_support import (
     CHART,
     CI_VALUES,
@@ -330,7 +330,7 @@ def test_trainer_image_tag_and_digest_reach_the_operator() -> None:
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_does() -> None:
     docs = render()
     role = one(docs, "ClusterRole")
-    assert rule_set(role) == JOB_RULES | DISCOVERY_RULES
+    assert rule_set(role) == JOB_RULES | cluster_rules()
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -355,8 +355,9 @@ def test_namespaced_rbac_grants_job_rights_only_in_watched_namespaces() -> None:
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
-    # Cluster-wide, only CRD discovery: no namespaces, no pods, no TrainingJobs elsewhere.
-    assert rule_set(one(docs, "ClusterRole")) == DISCOVERY_RULES
+    # Cluster-wide, only CRD discovery and reads of cluster-scoped Kueue flavors and PriorityClasses: no
+    # namespaces, no pods, no TrainingJobs elsewhere.
+    assert rule_set(one(docs, "ClusterRole")) == cluster_rules()
     assert one(docs, "ClusterRoleBinding")["roleRef"]["kind"] == "ClusterRole"
 
 

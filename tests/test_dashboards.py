@@ -132,6 +132,7 @@ def test_training_job_dashboard_filters_by_namespace_job_and_rank() -> None:
                 "Restarts in range",
                 "Last checkpoint step",
                 "Checkpoint duration",
+                "Goodput",
             },
         ),
         (

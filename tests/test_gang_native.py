@@ -9,8 +9,6 @@ What the tests see is kube-scheduler's own placement: zero pods bound while a ga
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,8 +17,9 @@ from typing import Any
 import pytest
 
 from tests.lab.chart import CRD, install_identity, wait_crd_established
+from tests.lab.fixtures import own_lab
 from tests.lab.jobs import Jobs
-from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
+from tests.lab.lab import Lab
 from tests.lab.namespaces import delete_namespace
 from tests.lab.operator_process import OperatorProcess
 from tests.lab.pods import pod_manifest
@@ -38,12 +37,7 @@ SAYS_WHY_WITHIN_S = 20  # on the 2-core machine, with other labs running
 
 @pytest.fixture(scope="module")
 def gang_lab() -> Iterator[Lab]:
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
-    prune_run_dirs("pytest-gang-")
-    run_dir = LAB_HOME / f"pytest-gang-{os.getpid()}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    with Lab(run_dir, nodes=3, gang=True) as lab:
+    with own_lab("gang", nodes=3, gang=True) as lab:
         for node, rack in RACKS.items():
             lab.api.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {RACK: rack}}})
         lab.kubectl("apply", "--server-side", "-f", str(CRD))
@@ -160,3 +154,11 @@ def test_a_topology_key_no_node_has_is_said_and_holds_nothing(jobs: Jobs) -> Non
     jobs.create("nowhere", spec("print('never')", nodes=1, scheduling={"topology": "example.com/no-such-label"}))
     status = _unschedulable(jobs, "nowhere", 1)
     assert "no feasible placements found" in status["message"], status["message"]
+
+
+def test_a_gang_larger_than_the_cluster_is_said_and_holds_nothing(jobs: Jobs) -> None:
+    # Four pods of 9 CPUs on three 16-CPU nodes: no placement of the whole gang exists, whatever else runs.
+    jobs.create("huge", spec("print('never')", nodes=4, resources=NINE_CPUS))
+    status = _unschedulable(jobs, "huge", 4)
+    assert status["phase"] == "Pending"
+    assert "minCount (4) cannot be satisfied" in status["message"], status["message"]

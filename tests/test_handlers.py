@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -23,6 +24,7 @@ from kopf._core.engines import posting
 from kubetrain.controller import handlers, jobstate, kopf_setup, metrics
 from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import spec
+from kubetrain.core.goodput import REFRESH_SECONDS
 from kubetrain.core.judgements import Coalescing, ScrapeClock
 from kubetrain.core.status import Progress, Scrape, pod_state
 from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS
@@ -582,3 +584,30 @@ def test_a_namespaces_pod_watch_is_let_go_with_its_last_job() -> None:
     assert pods.released == ["ci-1"]  # "ml" still has job b
     state.forget(("ml", "b"))
     assert pods.released == ["ci-1", "ml"]
+
+
+def test_goodput_is_published_written_now_and_then_and_forgotten_with_the_job(run: Any) -> None:
+    """A suspended job's status changes only in its goodput between resyncs: that alone is written every
+    REFRESH_SECONDS, not at each reconcile; the operator's metric has the live figures, until the job is gone."""
+    body = job_body()
+    body["spec"]["runPolicy"] = {"suspend": True}
+    cluster = FakeCluster(body)
+    run(cluster)
+    assert cluster.job is not None and cluster.job["status"]["phase"] == "Suspended"
+    writes = cluster.calls.count("patch_namespaced_custom_object_status")
+
+    def reconcile_after(seconds: int) -> jobstate.OperatorState:
+        assert cluster.job is not None
+        goodput = cluster.job["status"]["goodput"]
+        since = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=seconds)
+        goodput["accountedAt"] = since.isoformat().replace("+00:00", "Z")
+        return run(cluster)
+
+    reconcile_after(60)
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes, "goodput alone waits"
+    assert metrics.JOB_GOODPUT.jobs[KEY][0] >= 60  # queued, live
+    state = reconcile_after(REFRESH_SECONDS + 60)
+    assert cluster.calls.count("patch_namespaced_custom_object_status") == writes + 1
+    assert cluster.job["status"]["goodput"]["queuedSeconds"] >= REFRESH_SECONDS + 60
+    state.forget(KEY)
+    assert KEY not in metrics.JOB_GOODPUT.jobs

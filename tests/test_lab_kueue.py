@@ -3,15 +3,13 @@ within a ClusterQueue's GPU quota and holds the next Job until quota frees (docs
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
+from tests.lab.lab import Lab
 from tests.lab.namespaces import delete_namespace
 from tests.lab.procs import wait_for
 from tests.lab.rest import JSON
@@ -23,22 +21,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPUS_PER_JOB = 4
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "lab-flavor", "lab-gpus", "lab-queue"
 NAMESPACE = "kueue-lab-test"
-
-
-@pytest.fixture(scope="module")
-def kueue_lab() -> Iterator[Lab]:
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
-    prune_run_dirs("pytest-kueue-")
-    run_dir = LAB_HOME / f"pytest-kueue-{os.getpid()}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    # Two nodes of 4 GPUs: room for both jobs, so a job that waits waits for quota, not for a node.
-    the_lab = Lab(run_dir, nodes=2, gpus_per_node=GPUS_PER_JOB, kueue=True)
-    the_lab.start()
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
 
 
 @pytest.fixture(scope="module")

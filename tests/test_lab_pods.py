@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,8 +13,10 @@ import requests
 
 from tests.lab import podworker
 from tests.lab.fixtures import pod_log_text
+from tests.lab.images import exec_only_image
 from tests.lab.lab import Lab
 from tests.lab.pods import get_pod, pod_manifest, terminated_state, wait_pod, wait_pod_gone
+from tests.lab.procs import wait_for
 from tests.lab.rest import ApiError
 
 pytestmark = pytest.mark.lab
@@ -125,6 +128,56 @@ def test_volumes_downward_api_and_gpus(lab: Lab, namespace: str) -> None:
     assert pod["status"]["phase"] == "Succeeded", log
     assert (host_dir / "owner").read_text() == pod["metadata"]["uid"]
     assert "worker-0 demo 1" in log
+
+
+def test_each_container_has_a_private_tmp_removed_with_its_pod(lab: Lab, namespace: str) -> None:
+    """As on a container's own root filesystem: what a pod leaves in /tmp is seen by no other pod, not by the
+    machine, and goes with the pod (a shared /tmp let a user script resume from an earlier lab's snapshot)."""
+    marker, scratch = f"/tmp/kubetrain-lab-tmp-{namespace}", f"/tmp/kubetrain-lab-scratch-{namespace}"
+    writer = (f"import os, time; open({marker!r}, 'w').write('mine'); os.makedirs('/tmp/ckpt', exist_ok=True); "
+              f"open({scratch!r} + '/y', 'w').write('volume'); "
+              f"print('wrote', open({marker!r}).read(), os.stat('/tmp').st_mode & 0o7777 == 0o1777, flush=True); "
+              "time.sleep(300)")
+    manifest = pod_manifest("writer", ["python"], ["-c", writer])
+    # A volume below /tmp is mounted inside the container's own /tmp, not made on the machine.
+    manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": scratch}]
+    manifest["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    _create(lab, namespace, manifest)
+    wait_pod(lab.api, namespace, "writer", ("Running",))
+    wait_for(lambda: "wrote" in pod_log_text(lab, namespace, "writer"), 60, "the writer to write /tmp",
+             interval=0.2)
+    assert "wrote mine True" in pod_log_text(lab, namespace, "writer")
+    pod_tmp = lab.pod_log(namespace, "writer").parent / "tmp"
+    assert not Path(marker).exists(), "the pod wrote to the machine's /tmp"
+    assert not Path(scratch).exists(), "a mountPath below /tmp was made on the machine"
+    assert (pod_tmp / "trainer" / Path(marker).name).read_text() == "mine"
+
+    reader = (f"import os, sys; print('sees', os.path.exists({marker!r}), os.path.exists('/tmp/ckpt'), flush=True); "
+              f"open({marker!r}, 'w').write('theirs')")
+    _create(lab, namespace, pod_manifest("reader", ["python"], ["-c", reader]))
+    wait_pod(lab.api, namespace, "reader", ("Succeeded",))
+    assert "sees False False" in pod_log_text(lab, namespace, "reader")
+    assert (pod_tmp / "trainer" / Path(marker).name).read_text() == "mine", "the reader wrote the writer's /tmp"
+
+    lab.api.delete(f"/api/v1/namespaces/{namespace}/pods/writer")
+    wait_pod_gone(lab.api, namespace, "writer", timeout=60)
+    assert not pod_tmp.exists(), "the pod's /tmp outlived it"
+    assert not Path(marker).exists()
+
+
+def test_an_image_whose_files_lie_below_the_machines_tmp_still_runs(lab: Lab, namespace: str,
+                                                                    tmp_path: Path) -> None:
+    """The container's own /tmp covers the machine's, but not an image written to a test's tmp_path: its files stay
+    visible, read-only, as a real image's root filesystem would be."""
+    image = exec_only_image(tmp_path / "image")
+    lab.images.put_first("test.kubetrain.io/tmp-image:1", image)
+    manifest = pod_manifest("from-tmp", ["torchrun"], ["--no-python", "sh", "-c", "echo ran from an image below /tmp"])
+    manifest["spec"]["containers"][0]["image"] = "test.kubetrain.io/tmp-image:1"
+    _create(lab, namespace, manifest)
+    pod = wait_pod(lab.api, namespace, "from-tmp", ("Succeeded", "Failed"))
+    log = pod_log_text(lab, namespace, "from-tmp")
+    assert pod["status"]["phase"] == "Succeeded", log
+    assert "ran from an image below /tmp" in log
 
 
 def test_termination_message_lands_in_the_container_status(lab: Lab, namespace: str) -> None:

@@ -299,6 +299,12 @@ class TestRunPolicy:
         assert "Resumed" in reasons(decision)
         assert condition(decision, "Suspended")["status"] == "False"
 
+    def test_a_resumed_attempt_does_not_show_the_last_attempts_resume_step(self) -> None:
+        stored = {"phase": "Suspended", "attempt": 1, "progress": {"step": 90, "resumedFromStep": 0}}
+        decision = reconcile(job(), stored, [], NOW)
+        assert decision.status["attempt"] == 2
+        assert decision.status["progress"] == {"step": 90}  # the new attempt says where it resumed once it is read
+
     def test_deadline_fails_the_job_and_stops_its_pods(self) -> None:
         decision = reconcile(job(runPolicy={"activeDeadlineSeconds": 300}), running(), states(pod(0), pod(1)), NOW)
         assert decision.status["phase"] == "Failed"

@@ -15,10 +15,10 @@ import pytest
 
 from kubetrain.core import api
 from tests.operator_rights import (
-    DISCOVERY_RULES,
     OPERATOR,
     client_methods_used,
     client_rule,
+    cluster_rules,
     handler_kube_calls,
     kopf_rules,
     operator_rules,
@@ -46,6 +46,8 @@ def test_the_scan_finds_the_operators_calls() -> None:
     ("read_namespaced_pod", ("", "pods", "get")),
     ("replace_namespaced_custom_object_status", (api.GROUP, f"{api.PLURAL}/status", "update")),
     ("list_namespaced_service", ("", "services", "list")),
+    ("patch_namespaced_workload_status", ("kueue.x-k8s.io", "workloads/status", "patch")),
+    ("read_resource_flavor", ("kueue.x-k8s.io", "resourceflavors", "get")),
 ])
 def test_client_methods_map_to_rbac_rules(method: str, rule: tuple[str, str, str]) -> None:
     assert client_rule(method) == rule
@@ -71,7 +73,7 @@ def test_only_kube_py_talks_to_the_api_in_the_operator() -> None:
 
 def test_cluster_wide_role_grants_exactly_what_the_code_calls() -> None:
     granted = rules(one(render(), "ClusterRole"))
-    expected = operator_rules() | DISCOVERY_RULES
+    expected = operator_rules() | cluster_rules()
     assert granted - expected == set(), "granted but never called"
     assert expected - granted == set(), "called but not granted"
 
@@ -80,4 +82,4 @@ def test_namespaced_roles_grant_exactly_what_the_code_calls() -> None:
     docs = render((NAMESPACED,))
     for role in find(docs, "Role"):
         assert rules(role) == operator_rules(), role["metadata"]["namespace"]
-    assert rules(one(docs, "ClusterRole")) == DISCOVERY_RULES
+    assert rules(one(docs, "ClusterRole")) == cluster_rules()

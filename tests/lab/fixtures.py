@@ -1,5 +1,5 @@
 """Pytest plugin: a session-wide ``lab`` and a fresh ``namespace`` per test; ``real_lab`` and
-``real_namespace`` for tests on the real node.
+``real_namespace`` for tests on the real node; ``kueue_lab``, a lab with Kueue; ``own_lab`` for a module's own.
 
 Enable with ``pytest_plugins = ["tests.lab.fixtures"]``. Each lab is started on first use only, so runs that
 select none of its tests don't pay for it. ``KUBETRAIN_LAB_NODES`` / ``KUBETRAIN_LAB_GPUS`` size ``lab``.
@@ -9,11 +9,13 @@ pods of the process-node tests never land there, and examples apply to it unchan
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,20 +23,33 @@ from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
 from tests.lab.namespaces import delete_namespace
 
 
-@pytest.fixture(scope="session")
-def lab() -> Iterator[Lab]:
+@contextlib.contextmanager
+def own_lab(kind: str = "", **options: Any) -> Iterator[Lab]:
+    """A started lab in ``LAB_HOME/pytest-[<kind>-]<pid>``, stopped on exit; ``options`` go to Lab. Skips without
+    root. Finished labs of the same kind are pruned first (their newest run dirs kept for their logs)."""
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (network namespaces, a bridge, mounts)")
-    prune_run_dirs("pytest-")
-    run_dir = LAB_HOME / f"pytest-{os.getpid()}"
+    prefix = f"pytest-{kind}-" if kind else "pytest-"
+    prune_run_dirs(prefix)
+    run_dir = LAB_HOME / f"{prefix}{os.getpid()}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    the_lab = Lab(run_dir, nodes=int(os.environ.get("KUBETRAIN_LAB_NODES", "2")),
-                  gpus_per_node=int(os.environ.get("KUBETRAIN_LAB_GPUS", "2")))
-    the_lab.start()
-    try:
+    with Lab(run_dir, **options) as the_lab:
         yield the_lab
-    finally:
-        the_lab.stop()
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    with own_lab(nodes=int(os.environ.get("KUBETRAIN_LAB_NODES", "2")),
+                 gpus_per_node=int(os.environ.get("KUBETRAIN_LAB_GPUS", "2"))) as the_lab:
+        yield the_lab
+
+
+@pytest.fixture(scope="session")
+def kueue_lab() -> Iterator[Lab]:
+    """One lab with Kueue for every test that needs it (Kueue's own and the operator's side of its contract): two
+    nodes of 4 GPUs each."""
+    with own_lab("kueue", nodes=2, gpus_per_node=4, kueue=True) as the_lab:
+        yield the_lab
 
 
 REAL_NODE_TOOLS = ("podman", "mmdebstrap", "runc", "iptables", "gcc")

@@ -16,8 +16,6 @@ import contextlib
 import copy
 import shlex
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -27,7 +25,7 @@ from kubetrain.cli.ports import free_port
 from tests.lab.build import ensure_binary, module_source_dir
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.pki import CertFiles, Pki
-from tests.lab.procs import ManagedProcess, wait_for
+from tests.lab.procs import ManagedProcess, answers_ok, wait_for
 from tests.lab.rest import JSON, ApiError, Rest
 from tests.lab.versions import KUEUE_VERSION, MODULES, cache_root
 
@@ -230,11 +228,7 @@ class Kueue:
     def _ready(self) -> bool:
         assert self.process is not None
         self.process.check_alive()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
 
 def _merge_webhook_patch(configuration: JSON, patch: JSON) -> None:

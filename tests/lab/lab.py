@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -89,8 +88,11 @@ class Lab:
         cp.start_controllers()
         self.api = self.admin_rest()
         self._write_state()
-        self.dns = ClusterDns(self.admin_rest(), self.network.gateway)
-        self.dns.start()
+        self.dns = ClusterDns(self.admin_rest(), self.network.gateway, self.run_dir, self.ca_file)
+        try:
+            self.dns.start()
+        finally:
+            self._write_state()  # CoreDNS too, so that cleanup_stale can stop it after a crash
         # The default StorageClass and its provisioner: a bare claim binds as on kind or minikube.
         self.provisioner = Provisioner(self.admin_rest, self.run_dir)
         self.provisioner.start()
@@ -111,8 +113,6 @@ class Lab:
         assert self.network is not None
         self.real_node = RealNode(self.run_dir, self.network, self.cp.pki, self.server,
                                   index=self.node_count, images=list(ensure_images().values()))
-        assert self.dns is not None
-        self.dns.resolver.proxied_clients.append(ipaddress.IPv4Network(self.network.pod_cidr(self.node_count)))
         try:
             self.real_node.start()
         finally:
@@ -134,7 +134,7 @@ class Lab:
         cp = self.control_plane
         assert cp is not None and self.network is not None
         processes = {**cp.processes, **(self.real_node.processes if self.real_node else {}),
-                     **(self.kueue.processes if self.kueue else {})}
+                     **(self.kueue.processes if self.kueue else {}), **(self.dns.processes if self.dns else {})}
         state = {"pid": os.getpid(), "network": self.network.index, "real_node": self.with_real_node,
                  "processes": {name: p.pid for name, p in processes.items()}}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state))
@@ -280,7 +280,7 @@ class Lab:
         """The cluster DNS answers NXDOMAIN for the fully qualified ``name`` during ``seconds`` from its first
         query (a record not yet published); the result lists the clients refused."""
         assert self.dns is not None, "the lab is not started"
-        return self.dns.resolver.hide(name, seconds)
+        return self.dns.hide(name, seconds)
 
     def stop_node_heartbeats(self, node: str) -> None:
         self._kubelet.pause_node(node)

@@ -21,7 +21,7 @@ import psutil
 import requests
 
 from tests.lab.dns import resolv_conf
-from tests.lab.images import SYSTEM_PATH
+from tests.lab.images import SYSTEM_PATH, ImageEnvironment
 from tests.lab.network import Sandbox
 from tests.lab.podspec import NotReadyYetError, PodSpecReader, container_mounts, expand
 from tests.lab.rest import JSON, ApiError, pod_path
@@ -37,6 +37,10 @@ OUR_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady",
 POLL_S = 0.1
 FINAL_DELETE_ATTEMPTS = 10  # backing off from 0.4 s to 5 s: about 35 s of retries
 STATUS_RETRY_S = 120.0
+# A container's /tmp is its own, as on its image's root filesystem: a per-container directory bound over /tmp in
+# its mount namespace, removed with the pod (a shared /tmp let a user script resume from a snapshot that a pod
+# of an earlier lab had left there).
+CONTAINER_TMP = Path("/tmp")
 
 
 def now() -> str:
@@ -92,6 +96,14 @@ class ContainerRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+
+def _image_below_tmp(image: ImageEnvironment) -> list[JSON]:
+    """An image whose files lie below the machine's /tmp (one a test wrote to its tmp_path) stays visible, read-only,
+    once the container's own /tmp covers the machine's: a real image is the container's root filesystem."""
+    if not image.prefix.is_relative_to(CONTAINER_TMP):
+        return []
+    return [{"source": str(image.prefix), "target": str(image.prefix), "readOnly": True}]
+
 class PodWorker:
     def __init__(self, kubelet: Kubelet, pod: JSON, node: NodeInfo) -> None:
         self.kubelet = kubelet
@@ -102,6 +114,7 @@ class PodWorker:
         self.uid, self.namespace, self.name = meta["uid"], meta["namespace"], meta["name"]
         self.dir = kubelet.run_dir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.shm_dir = kubelet.shm_root / self.uid
+        self.tmp_root = self.dir / "tmp"
         self.changed = threading.Event()
         self.removed = False  # the API object is gone (force-deleted)
         self.finished = threading.Event()
@@ -216,23 +229,38 @@ class PodWorker:
                                    "lab images have no entrypoint: the pod must set command")
         mounts = container_mounts(container, volumes)
         for mount in mounts:
-            self.kubelet.make_mountpoint(mount.target)
+            self._make_host_mountpoint(mount.target)
         # The termination message: a file of this container's, bound at terminationMessagePath; its
         # content becomes state.terminated.message, as the kubelet does.
         message_file = self.termination_file(container["name"])
         message_file.touch()
         message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
-        self.kubelet.make_mountpoint(message_path, is_file=True)
+        self._make_host_mountpoint(message_path, is_file=True)
         working_dir = container.get("workingDir") or str(image.working_dir or home)
-        self.kubelet.make_mountpoint(working_dir)
+        self._make_host_mountpoint(working_dir)
         spec_file = self.dir / f"{container['name']}.spec.json"
         spec_file.write_text(json.dumps({
             "hostname": spec.get("hostname") or self.name[:63], "workingDir": working_dir, "argv": argv,
-            "env": env, "mounts": [*({"source": str(m.source), "target": m.target, "readOnly": m.read_only}
-                                     for m in mounts),
-                                   {"source": str(message_file), "target": message_path, "file": True}],
+            "env": env, "mounts": [
+                # /tmp first: a volume or the termination message may be mounted below it.
+                {"source": str(self._container_tmp(container["name"])), "target": str(CONTAINER_TMP)},
+                *_image_below_tmp(image),
+                *({"source": str(m.source), "target": m.target, "readOnly": m.read_only} for m in mounts),
+                {"source": str(message_file), "target": message_path, "file": True}],
         }))
         return container, spec_file
+
+    def _container_tmp(self, container: str) -> Path:
+        tmp = self.tmp_root / container
+        tmp.mkdir(parents=True, exist_ok=True)
+        tmp.chmod(0o1777)  # as /tmp: any user may write, only the owner may remove
+        return tmp
+
+    def _make_host_mountpoint(self, target: str, *, is_file: bool = False) -> None:
+        """A mountPath missing on the host is made there (and removed at stop), except below /tmp: that is the
+        container's own, where podinit makes it."""
+        if not Path(target).is_relative_to(CONTAINER_TMP):
+            self.kubelet.make_mountpoint(target, is_file=is_file)
 
     def _launch(self, container: JSON, spec_file: Path) -> None:
         assert self.sandbox is not None
@@ -309,6 +337,7 @@ class PodWorker:
         if self.sandbox is not None:
             self.kubelet.network.delete_sandbox(self.sandbox)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
 
     def _delete_from_api(self) -> None:
         """After the processes are gone the kubelet removes the pod for good (grace period 0)."""

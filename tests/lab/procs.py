@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +59,15 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def answers_ok(url: str) -> bool:
+    """Whether a plain-HTTP health endpoint (``/ready``, ``/readyz``) answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 def kill_tree(pid: int, grace: float = 10.0) -> None:

@@ -12,6 +12,7 @@ ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.22.0"
 CONTAINERD_VERSION = "v2.4.2"
 KUEUE_VERSION = "v0.17.0"
+COREDNS_VERSION = "v1.15.0"
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ MODULES: dict[str, GoModule] = {
         version=KUEUE_VERSION,
         packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
         version_vars=(f"sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
+    ),
+    # The cluster DNS (tests/lab/dns.py): CoreDNS with every plugin of its plugin.cfg, kubernetes included.
+    "coredns": GoModule(
+        directory=GO_DIR / "coredns",
+        version=COREDNS_VERSION,
+        packages={"coredns": "github.com/coredns/coredns"},
     ),
 }
 

@@ -92,6 +92,7 @@ OPERATOR_METRICS: dict[str, str] = {
     "kubetrain_time_to_running_seconds": "histogram",
     "kubetrain_pod_creations_total": "counter",
     "kubetrain_restarts_total": "counter",
+    "kubetrain_job_goodput_seconds": "gauge",
 }
 
 # NVIDIA DCGM exporter, where the cluster runs it (labels gpu, namespace and pod of the GPU's user, as the
@@ -109,7 +110,9 @@ DCGM_METRICS: dict[str, str] = {
 # these only. The PodMonitor adds training_job and node_index to trainer series.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "service"})
 TRAINER_LABELS = TARGET_LABELS | {"rank", "local_rank", "training_job", "node_index", "phase", "le", "name"}
-OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le"}
+# kubetrain_job_goodput_seconds names its job by job_namespace and training_job (its target's namespace is the
+# operator's), with the bucket of status.goodput.
+OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le", "job_namespace", "training_job", "bucket"}
 DCGM_LABELS = TARGET_LABELS | {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
 
 _SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
@@ -442,11 +445,35 @@ def restarts_section() -> Section:
     ]
 
 
+# The operator's series of one job (status.goodput); max: one operator at a time reports it, or none.
+GOODPUT_JOB = 'job_namespace="$namespace", training_job="$job"'
+GOODPUT = f"kubetrain_job_goodput_seconds{{{GOODPUT_JOB}}}"
+
+
+def goodput_section() -> Section:
+    share = f'max(kubetrain_job_goodput_seconds{{{GOODPUT_JOB}, bucket="training"}})'
+    return "Goodput", [
+        stacked(timeseries_panel(
+            "Goodput",
+            "Where the job's wall time went (status.goodput): queued, starting, training, stalled, restarting, and"
+            " lost (training after the last checkpoint, computed again after a restart). The buckets add up to"
+            " the time since the job's creation.",
+            "s",
+            (f"max by (bucket) ({GOODPUT})", "{{bucket}}"),
+            width=16,
+        )),
+        stat_panel(
+            "Goodput share", "Training time over the job's wall time so far (kubectl get tj -o wide: Goodput).",
+            "percentunit", (f"{share} / sum(max by (bucket) ({GOODPUT}))", "share"), width=8,
+        ).min(0).max(1),
+    ]
+
+
 def build_training_job() -> model.Dashboard:
     board = new_dashboard(
         "kubetrain-training-job",
         "kubetrain / Training job",
-        "One TrainingJob: progress, optimisation, throughput, step time, GPUs, restarts and checkpoints.",
+        "One TrainingJob: progress, optimisation, throughput, step time, GPUs, restarts, checkpoints and goodput.",
     )
     board.variables([
         datasource_variable(),
@@ -454,7 +481,8 @@ def build_training_job() -> model.Dashboard:
         query_variable("job", "Training job", 'label_values(trainer_world_size{namespace="$namespace"}, training_job)'),
         query_variable("rank", "Rank", f"label_values(trainer_world_size{{{JOB}}}, rank)", multi=True),
     ])
-    sections = [status_section(), optimisation_section(), throughput_section(), gpu_section(), restarts_section()]
+    sections = [status_section(), optimisation_section(), throughput_section(), gpu_section(), restarts_section(),
+                goodput_section()]
     return with_sections(board, sections)
 
 

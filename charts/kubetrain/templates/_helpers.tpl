@@ -163,6 +163,16 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "create", "delete"]
+# The Kueue Workload of each job labelled kueue.x-k8s.io/queue-name: watched by kopf (Kueue admits, evicts), read
+# before the job's reconcile, created, kept in step (inactive while suspended, an elastic resize). Harmless
+# where Kueue is not installed.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Their status: Finished when the job ends, the admission given back after an eviction (a merge patch).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 # Events on TrainingJobs: kopf posts core/v1 events (create only).
 - apiGroups: [""]
   resources: ["events"]
@@ -170,13 +180,22 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 {{- end }}
 
 {{/*
-RBAC rules kopf needs cluster-wide to find the CRD it serves.
+RBAC rules the operator needs cluster-wide in either mode: kopf finds the CRD it serves, and the operator reads
+the cluster-scoped objects a Kueue admission names.
 */}}
 {{- define "kubetrain.discoveryRules" -}}
 # kopf scans CRDs at start-up and watches them for changes of the served resource.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+# A job in a Kueue queue: the admitted ResourceFlavors' node labels and tolerations go onto its pods.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["get"]
+# Its PriorityClass's value is its Workload's priority (Kueue orders and preempts by it).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
 {{- end }}
 
 {{/*

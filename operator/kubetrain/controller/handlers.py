@@ -35,8 +35,10 @@ from kubetrain.controller.jobstate import (
 )
 from kubetrain.controller.kopf_setup import configure, scanning_needed
 from kubetrain.controller.operator_config import OperatorConfig
+from kubetrain.controller.queueing import admit, settle
 from kubetrain.core import api, judgements
 from kubetrain.core.failures import failed_reconcile, recovered, retry_delay, while_retrying
+from kubetrain.core.goodput import worth_writing
 from kubetrain.core.lifecycle import reconcile
 from kubetrain.core.manifests import build_pod, owner_reference
 from kubetrain.core.spec import SpecError, TrainingJob
@@ -214,7 +216,7 @@ async def _reconcile(state: OperatorState, key: Key, record: JobRecord, trigger:
     status = recovered(job, decision.status, datetime.now(UTC))
     write_by = state.config.coalescing.write_by(stored.status, status, may_wait=may_wait(stored.status, status),
                                                 written_at=record.written_at, now=time.monotonic())
-    if write_by is None:
+    if write_by is None and worth_writing(stored.status, status):  # goodput alone: now and then
         await _write_status(state, record, job, stored, status)
     _schedule(state, key, decision, write_by=write_by)
 
@@ -255,8 +257,10 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     """Ask the pure core what to do, write the status it decided (so a crash never loses a count), act."""
     before = stored.status
     progress = await _scrape(state, record, before, pods)
+    gate = await admit(state, job, before)  # Kueue's say over a job in its queue; the job placed where it admitted
+    job = gate.job
     now = datetime.now(UTC)
-    decision = reconcile(job, before, pods, now, progress)
+    decision = reconcile(job, before, pods, now, progress, queue=gate.admission)
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
@@ -271,6 +275,7 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
         if not written_first:  # what was decided (progress, conditions) stands; the failure is added to it
             await _write_status(state, record, job, stored, while_retrying(decision.status))
         raise
+    await settle(state, gate, decision.status, pods)  # its Workload Finished, or its quota given back
     return decision
 
 

@@ -140,6 +140,7 @@ class OperatorState:
         every job seen since it was last forgotten (a new job's first event waits in ``pods.ready``)."""
         record = self.records.pop(key, None)
         self.queue.forget(key)
+        metrics.JOB_GOODPUT.forget(*key)
         if record is not None and record.phase is not None:
             self.publish_phases()
         if not any(namespace == key[0] for namespace, _ in self.records):
@@ -152,6 +153,7 @@ class OperatorState:
                 events: Iterable[Event], *, now: datetime) -> None:
         """Operator metrics from the transition a reconcile made (``after``, with its ``events``)."""
         phase = after.get("phase", "")
+        metrics.JOB_GOODPUT.set(job.namespace, job.name, after.get("goodput"))
         for event in events:
             if event.reason in RESTART_REASONS and phase == api.Phase.RESTARTING:
                 metrics.RESTARTS.labels(reason=event.reason).inc()

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from kubetrain.core.api import Phase
+from kubetrain.core.goodput import BUCKETS
 
 __all__ = [
     "JOBS",
+    "JOB_GOODPUT",
     "POD_CREATIONS",
     "RECONCILE_DURATION",
     "RECONCILE_ERRORS",
     "RESTARTS",
     "TIME_TO_RUNNING",
+    "JobGoodput",
     "set_job_phases",
 ]
 
@@ -32,6 +37,37 @@ TIME_TO_RUNNING = Histogram(
 )
 POD_CREATIONS = Counter("kubetrain_pod_creations", "Pods created by the operator.")
 RESTARTS = Counter("kubetrain_restarts", "Gang restarts, by reason.", ["reason"])
+
+
+class JobGoodput(Collector):
+    """kubetrain_job_goodput_seconds{job_namespace, training_job, bucket}: each job's status.goodput, as its last
+    reconcile decided it (live, also while a goodput-only status write waits). Kept as six numbers per job and
+    made into series only when scraped: six labelled children cost a job about 5 KB (tracemalloc), these numbers
+    about 0.4 KB. A job's series go with it (``forget``). Its namespace is job_namespace: the target label
+    namespace is the operator's."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple[str, str], tuple[float, ...]] = {}
+
+    def set(self, namespace: str, name: str, goodput: Mapping[str, Any] | None) -> None:
+        if isinstance(goodput, Mapping):
+            self.jobs[(namespace, name)] = tuple(float(goodput.get(f"{b}Seconds") or 0) for b in BUCKETS)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.jobs.pop((namespace, name), None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("kubetrain_job_goodput_seconds",
+                                   "Each TrainingJob's wall time so far, by bucket (status.goodput).",
+                                   labels=["job_namespace", "training_job", "bucket"])
+        for (namespace, name), seconds in list(self.jobs.items()):
+            for bucket, value in zip(BUCKETS, seconds, strict=True):
+                family.add_metric([namespace, name, bucket], value)
+        yield family
+
+
+JOB_GOODPUT = JobGoodput()
+REGISTRY.register(JOB_GOODPUT)
 
 
 def set_job_phases(phases: Mapping[Any, str]) -> None:

@@ -165,6 +165,7 @@ class Phase(StrEnum):
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"  # in a Kueue queue, not admitted (or evicted): no pods (core/queueing.py)
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -185,6 +186,8 @@ class ConditionType(StrEnum):
     RECONCILE_ERROR = "ReconcileError"
     # True while rank 0's metrics can be read; False: progress is unknown (never taken for a stall).
     PROGRESS_KNOWN = "ProgressKnown"
+    # A job in a Kueue queue: True once Kueue admitted its Workload; False with Kueue's reason while it waits.
+    ADMITTED = "Admitted"
 
 
 class Reason(StrEnum):

@@ -24,6 +24,7 @@ from typing import Any
 
 from kubetrain.core import api
 from kubetrain.core.api import ConditionType, Phase, Reason
+from kubetrain.core.goodput import record_goodput
 from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
@@ -172,9 +173,6 @@ def gang_restart(draft: Draft, current: Sequence[PodState], reason: str, message
     progress_not_known_yet(draft)
     draft.status.pop("runningTime", None)
     draft.status.pop("attemptStartTime", None)
-    progress = draft.status.get("progress")
-    if isinstance(progress, dict):
-        progress.pop("resumedFromStep", None)
     text = f"{message}; gang restart as attempt {draft.attempt}" + ("" if counted else " (not counted)")
     draft.phase(Phase.RESTARTING, text, Event("Warning", reason, text))
     draft.condition(ConditionType.RESTARTING, True, reason, text)
@@ -259,6 +257,7 @@ def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequenc
         if _reconcile_error(status) is not None:
             draft.condition(ConditionType.RECONCILE_ERROR, False, reason, message)
         finish(draft, [p for p in pods if p.job_uid == job.uid], False, reason, message)
+        record_goodput(draft, status)
         return draft.decision()
     message = f"retrying in {retry_in:.0f}s: {what} failed: {failure.message}"
     draft.condition(ConditionType.RECONCILE_ERROR, True, reason, message)

@@ -23,7 +23,9 @@ from typing import Any
 
 from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.failures import gang_restart, handle_failed_pods
+from kubetrain.core.goodput import record_goodput
 from kubetrain.core.naming import job_selector, pod_name
+from kubetrain.core.queueing import Admission, QueueState, hold, record_admission
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time
 from kubetrain.core.status_policy import (
@@ -49,11 +51,14 @@ def reconcile(
     pods: Sequence[PodState],
     now: datetime,
     progress: Progress | Scrape | None = None,
+    *,
+    queue: Admission | None = None,
 ) -> Decision:
     """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``.
 
     ``progress``: what a scrape of rank 0 read now (a Progress, or a Scrape that may have failed); None when
-    rank 0 was not scraped this time.
+    rank 0 was not scraped this time. ``queue``: what Kueue says of the job's Workload (queueing.py); None for
+    a job in no Kueue queue.
     """
     draft = Draft.from_stored(job, status, now)
     draft.status["observedGeneration"] = job.generation
@@ -72,11 +77,17 @@ def reconcile(
         clean_up_finished(draft, pods)
     elif job.spec.run_policy.suspend:
         _suspend(draft, pods)
+    elif queue is not None and queue.state is not QueueState.ADMITTED:
+        hold(draft, pods, queue)
     else:
-        if phase == Phase.SUSPENDED:
+        # Back from a suspension, or admitted again after an eviction (its attempt had made pods): a new attempt.
+        if phase == Phase.SUSPENDED or (phase == Phase.QUEUED and "attemptStartTime" in draft.status):
             _resume(draft)
+        if queue is not None:
+            record_admission(draft, queue)
         _run(draft, pods, foreign)
     record_gpu_seconds(draft, pods)
+    record_goodput(draft, status)
     return draft.decision()
 
 

@@ -195,10 +195,14 @@ def record_scrape(draft: Draft, scrape: Scrape) -> None:
 
 
 def progress_not_known_yet(draft: Draft) -> None:
-    """A new attempt's progress is unknown until its rank 0 is read (and what the last one said is no stall)."""
+    """A new attempt's progress is unknown until its rank 0 is read (and what the last one said is no stall); so is
+    the step it resumed from, which the last attempt's must not stand for."""
     if find_condition(draft.status, ConditionType.PROGRESS_KNOWN) is not None:
         draft.condition(ConditionType.PROGRESS_KNOWN, False, Reason.NOT_SCRAPED_YET,
                         f"attempt {draft.attempt} has not been read yet")
+    progress = draft.status.get("progress")
+    if isinstance(progress, dict):
+        progress.pop("resumedFromStep", None)
 
 
 def _record_progress(draft: Draft, progress: Progress) -> None:

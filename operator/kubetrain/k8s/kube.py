@@ -8,13 +8,14 @@ all importable from here, the transport's (ApiError, VersionGoneError) with the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import aiohttp
 
 from kubetrain.core import api
 from kubetrain.core.failures import ApiFailure
+from kubetrain.core.queueing import KUEUE
 from kubetrain.k8s.transport import (
     HTTP_CONFLICT,
     HTTP_NOT_FOUND,
@@ -143,6 +144,46 @@ class _SchedulingV1beta1:
         return await self._rest.request("DELETE", self._path(namespace, name))
 
 
+class _SchedulingV1:
+    """PriorityClasses (cluster-scoped), named like the official client's SchedulingV1Api."""
+
+    def __init__(self, rest: Rest) -> None:
+        self._rest = rest
+
+    async def read_priority_class(self, name: str) -> Json:
+        return await self._rest.request("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+class _KueueV1beta2:
+    """Kueue's Workloads and (cluster-scoped) ResourceFlavors, for jobs in a Kueue queue (core/queueing.py); named
+    as the official client would name them, so that tests/operator_rights.py maps them to RBAC rules."""
+
+    def __init__(self, rest: Rest) -> None:
+        self._rest = rest
+
+    @staticmethod
+    def _path(plural: str, name: str = "", namespace: str | None = None) -> str:
+        scope = f"namespaces/{namespace}/" if namespace else ""
+        return f"/apis/{KUEUE.GROUP}/{KUEUE.VERSION}/{scope}{plural}" + (f"/{name}" if name else "")
+
+    async def create_namespaced_workload(self, namespace: str, body: Json) -> Json:
+        return await self._rest.request("POST", self._path(KUEUE.WORKLOADS, namespace=namespace), body=body)
+
+    async def read_namespaced_workload(self, name: str, namespace: str) -> Json:
+        return await self._rest.request("GET", self._path(KUEUE.WORKLOADS, name, namespace))
+
+    async def patch_namespaced_workload(self, name: str, namespace: str, body: Json) -> Json:
+        return await self._rest.request("PATCH", self._path(KUEUE.WORKLOADS, name, namespace), body=body,
+                                        content_type=MERGE_PATCH)
+
+    async def patch_namespaced_workload_status(self, name: str, namespace: str, body: Json) -> Json:
+        return await self._rest.request("PATCH", self._path(KUEUE.WORKLOADS, name, namespace) + "/status",
+                                        body=body, content_type=MERGE_PATCH)
+
+    async def read_resource_flavor(self, name: str) -> Json:
+        return await self._rest.request("GET", self._path(KUEUE.RESOURCE_FLAVORS, name))
+
+
 class _CustomObjects:
     """The TrainingJob calls the operator makes, named like the official client's CustomObjectsApi."""
 
@@ -173,6 +214,8 @@ class Kube:
         self._core = _CoreV1(self._rest)
         self._custom = _CustomObjects(self._rest)
         self._scheduling = _SchedulingV1beta1(self._rest)
+        self._priorities = _SchedulingV1(self._rest)
+        self._kueue = _KueueV1beta2(self._rest)
 
     async def close(self) -> None:
         await self._rest.close()
@@ -197,12 +240,7 @@ class Kube:
         return any(resource.get("name") == plural for resource in found.get("resources") or [])
 
     async def get_job(self, namespace: str, name: str) -> Json | None:
-        try:
-            return await self._custom.get_namespaced_custom_object(namespace, name)
-        except ApiError as error:
-            if error.status == HTTP_NOT_FOUND:
-                return None
-            raise
+        return await _none_if_missing(self._custom.get_namespaced_custom_object(namespace, name))
 
     async def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Json],
                                resource_version: str) -> Json:
@@ -235,7 +273,8 @@ class Kube:
         return False
 
     async def create(self, namespace: str, body: Mapping[str, Json]) -> Json | None:
-        """Create a pod, a Service or a PodGroup: None when created, else the object of that name that exists.
+        """Create a pod, a Service, a PodGroup or a Workload: None when created, else the object of that name that
+        exists.
 
         Any other refusal raises CreateError naming the object.
         """
@@ -244,6 +283,7 @@ class Kube:
             "Service": (self._core.create_namespaced_service, self._core.read_namespaced_service),
             api.PODGROUP.KIND: (self._scheduling.create_namespaced_pod_group,
                                 self._scheduling.read_namespaced_pod_group),
+            KUEUE.WORKLOAD: (self._kueue.create_namespaced_workload, self._kueue.read_namespaced_workload),
         }[body["kind"]]
         name = body["metadata"]["name"]
         try:
@@ -261,6 +301,28 @@ class Kube:
                     raise
                 raise ConflictError(f"{body['kind'].lower()} {name} was deleted while creating it") from error
         return None
+
+    async def get_workload(self, namespace: str, name: str) -> Json | None:
+        """A job's Kueue Workload; None when there is none (yet)."""
+        return await _none_if_missing(self._kueue.read_namespaced_workload(name, namespace))
+
+    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Json], *,
+                             status: bool = False) -> Json:
+        """Merge-patch a Workload (its status with ``status``), guarded by the resourceVersion the patch carries:
+        ConflictError when Kueue changed it since it was read (or it went), so the job is reconciled again."""
+        write = self._kueue.patch_namespaced_workload_status if status else self._kueue.patch_namespaced_workload
+        try:
+            return await write(name, namespace, patch)
+        except ApiError as error:
+            if error.status in (HTTP_CONFLICT, HTTP_NOT_FOUND):
+                raise ConflictError(f"workload {namespace}/{name} changed while reconciling") from error
+            raise
+
+    async def get_resource_flavor(self, name: str) -> Json:
+        return await self._kueue.read_resource_flavor(name)
+
+    async def get_priority_class(self, name: str) -> Json:
+        return await self._priorities.read_priority_class(name)
 
     async def list_pods(self, namespace: str | None, selector: str) -> tuple[list[Json], str]:
         """The pods that match the label selector, in one namespace or (None) all, page by page; and the
@@ -305,6 +367,15 @@ class Kube:
             await self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0 if force else None)
         except ApiError as error:
             _raise_unless_missing(error)
+
+
+async def _none_if_missing(read: Awaitable[Json]) -> Json | None:
+    """What a read returns; None when the object does not exist."""
+    try:
+        return await read
+    except ApiError as error:
+        _raise_unless_missing(error)
+        return None
 
 
 def _raise_unless_missing(error: ApiError) -> None:

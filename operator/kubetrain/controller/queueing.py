@@ -1,0 +1,125 @@
+"""Kueue's job contract, the operator's I/O (core/queueing.py decides): a queued job's Workload made and read before
+the job's reconcile decides, Kueue's answer written back after it acts, and a job reconciled again whenever Kueue
+changes its Workload (admits, evicts).
+
+A job without the label ``kueue.x-k8s.io/queue-name`` costs nothing here: no call is made for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from kubetrain.controller.jobstate import OperatorState, Trigger
+from kubetrain.core import api
+from kubetrain.core.manifests import build_pod
+from kubetrain.core.queueing import (
+    KUEUE,
+    Admission,
+    QueueState,
+    build_workload,
+    finished_patch,
+    placed,
+    placement,
+    queue_name,
+    read_admission,
+    release_patch,
+    workload_name,
+    workload_spec_patch,
+)
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import PodState
+
+__all__ = ["Gate", "admit", "settle", "workload_changed"]
+
+Json = Any
+WORKLOAD = (KUEUE.GROUP, KUEUE.VERSION, KUEUE.WORKLOADS)
+WORKLOAD_CHANGE = Trigger("workload", logging.getLogger("kubetrain.kueue"))
+
+
+def _owning_job(body: Json) -> str | None:
+    """The name of the TrainingJob that controls this Workload; None for any other's (a batch Job's...)."""
+    for owner in body.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("controller") and owner.get("apiVersion") == api.API_VERSION and owner.get("kind") == api.KIND:
+            return str(owner["name"])
+    return None
+
+
+def _owned_by_a_job(body: kopf.Body, **_: Any) -> bool:
+    return _owning_job(body) is not None
+
+
+@kopf.on.event(*WORKLOAD, when=_owned_by_a_job)
+async def workload_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    """Kueue admitted, evicted or finished a job's Workload (or it was deleted): reconcile the job."""
+    state: OperatorState = memo["state"]
+    name = _owning_job(body)
+    if namespace and name and state.config.serves(namespace):
+        state.queue.add((namespace, name), WORKLOAD_CHANGE)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A queued job before its reconcile: the job as its pods must be made (where Kueue admitted it), what Kueue
+    said (None: Kueue has no say over the job) and the Workload as read."""
+
+    job: TrainingJob
+    admission: Admission | None = None
+    workload: Json = None
+
+
+async def admit(state: OperatorState, job: TrainingJob, status: Json) -> Gate:
+    """The job's Workload, made when missing (not for a job that has ended), kept in step with the job (an elastic
+    resize while it waits, suspension), and what Kueue says of it; admitted, the job placed on its flavors."""
+    if queue_name(job) is None:
+        return Gate(job)
+    kube = state.kube
+    workload = await kube.get_workload(job.namespace, workload_name(job))
+    if workload is None:
+        if api.Phase(status.get("phase") or api.Phase.PENDING).finished:
+            return Gate(job)
+        workload = await _create_workload(state, job)
+    else:
+        patch = workload_spec_patch(workload, job)
+        if patch is not None:
+            workload = await kube.patch_workload(job.namespace, workload_name(job), patch)
+    admission = read_admission(workload)
+    if admission.state is not QueueState.ADMITTED:
+        return Gate(job, admission, workload)
+    flavors = {name: await kube.get_resource_flavor(name) for name in admission.flavors}
+    return Gate(placed(job, placement(admission, flavors)), admission, workload)
+
+
+async def _create_workload(state: OperatorState, job: TrainingJob) -> Json:
+    """Kueue orders and preempts by spec.priority: the value of the job's PriorityClass, read as Kueue's own
+    integrations read it."""
+    class_name = job.spec.scheduling.priority_class_name
+    priority = None
+    if class_name:
+        priority = int((await state.kube.get_priority_class(class_name)).get("value") or 0)
+    pod = build_pod(job, 0, 0, default_image=state.config.trainer_image)
+    body = build_workload(job, pod, priority)
+    existing = await state.kube.create(job.namespace, body)
+    return existing if existing is not None else await state.kube.get_workload(job.namespace, workload_name(job))
+
+
+async def settle(state: OperatorState, gate: Gate, status: Json, pods: list[PodState]) -> None:
+    """After the reconcile acted: an ended job's Workload Finished (its quota goes to the next job); an evicted
+    job's admission given back once its pods are gone."""
+    workload = gate.workload
+    if workload is None or gate.admission is None:
+        return
+    now = datetime.now(UTC)
+    phase = status.get("phase")
+    if phase in (api.Phase.SUCCEEDED, api.Phase.FAILED):
+        patch = finished_patch(workload, phase == api.Phase.SUCCEEDED, str(status.get("message") or ""), now)
+    elif gate.admission.state is QueueState.EVICTED and not any(p.job_uid == gate.job.uid for p in pods):
+        patch = release_patch(workload, now)
+    else:
+        return
+    if patch is not None:
+        await state.kube.patch_workload(gate.job.namespace, workload["metadata"]["name"], patch, status=True)

@@ -1,0 +1,323 @@
+"""Kueue's job contract for a TrainingJob, decided purely: the Workload to make, what Kueue's answer means.
+
+Kueue manages only the kinds it has an integration for (batch/v1 Job, JobSet, ...); for any other kind the kind's
+own controller implements the contract, as Kueue's integrations do (pkg/controller/jobframework/reconciler.go in
+sigs.k8s.io/kueue v0.17.0). For a job labelled ``kueue.x-k8s.io/queue-name`` the operator:
+
+- makes a Workload (kueue.x-k8s.io/v1beta2) owned by the job: one pod set of ``spec.nodes`` pods with the pod
+  template, its resources included, and the job's priority (Kueue orders and preempts by ``spec.priority``, which
+  the job's controller fills from the PriorityClass, as Kueue's own integrations do);
+- holds the job, with no pods, until Kueue admits the Workload; then adds the admitted flavors' node labels and
+  tolerations (and the admission checks' podSetUpdates) to the pods and starts it;
+- on eviction (condition Evicted) deletes the pods (SIGTERM and their grace period to checkpoint) and, once they
+  are gone, gives the quota back: the Workload's admission cleared, QuotaReserved False, Requeued (Kueue's job
+  reconciler does the same, step 6); admitted again, the job resumes from its checkpoint;
+- marks the Workload Finished when the job ends, so that its quota goes to the next one.
+
+Deleting the job deletes the Workload through its owner reference. Nothing here does I/O: the controller reads the
+Workload and the ResourceFlavors it names, and writes what these functions return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from kubetrain.core import api
+from kubetrain.core.api import ConditionType, Phase
+from kubetrain.core.spec import TrainingJob
+from kubetrain.core.status import PodState, count_nodes, set_condition
+from kubetrain.core.status_policy import Draft, Event
+
+__all__ = [
+    "KUEUE",
+    "QUEUE_LABEL",
+    "Admission",
+    "Placement",
+    "QueueState",
+    "build_workload",
+    "finished_patch",
+    "hold",
+    "placed",
+    "placement",
+    "queue_name",
+    "read_admission",
+    "record_admission",
+    "release_patch",
+    "waiting_message",
+    "workload_name",
+    "workload_spec_patch",
+]
+
+Json = Any
+
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+POD_SET: Final = "trainer"
+# The reason of a job whose Workload Kueue has not answered yet (Kueue's own reasons follow once it has).
+WAITING_FOR_KUEUE: Final = "WaitingForKueue"  # the Workload's one pod set: every node of the job runs the same pod
+
+
+class KUEUE:
+    """The Kueue API the operator speaks: v1beta2 is what v0.17.0 serves and stores."""
+
+    GROUP: Final = "kueue.x-k8s.io"
+    VERSION: Final = "v1beta2"
+    API_VERSION: Final = f"{GROUP}/{VERSION}"
+    WORKLOAD: Final = "Workload"
+    WORKLOADS: Final = "workloads"
+    RESOURCE_FLAVORS: Final = "resourceflavors"
+    # Labels and annotation Kueue's integrations put on an admitted job's pods (pkg/controller/constants).
+    JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
+
+
+class QueueState(StrEnum):
+    WAITING = "Waiting"  # no Workload yet, or Kueue has not reserved quota for it
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"  # admitted once, then evicted (preempted, deactivated, pods not ready in time...)
+    FINISHED = "Finished"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What Kueue says of a job's Workload."""
+
+    state: QueueState
+    reason: str
+    message: str
+    quota_reserved: bool = False
+    cluster_queue: str | None = None
+    flavors: tuple[str, ...] = ()  # the ResourceFlavors of the pod set's assignment, each once
+    pod_set_updates: tuple[Mapping[str, Json], ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What an admission adds to every pod of the job."""
+
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Json], ...] = ()
+
+
+def queue_name(job: TrainingJob) -> str | None:
+    """The LocalQueue the job asks for; None: Kueue has no say over it."""
+    return job.labels.get(QUEUE_LABEL) or None
+
+
+def workload_name(job: TrainingJob) -> str:
+    """Named like Kueue's own (``<kind>-<name>-<hash>``): a job re-created under the same name gets a new one."""
+    digest = hashlib.sha256(f"{api.KIND}/{job.uid}".encode()).hexdigest()[:5]
+    return f"{api.SINGULAR}-{job.name}-{digest}"
+
+
+def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int | None) -> dict[str, Json]:
+    """The job's Workload. ``pod``: one of its pods as the operator builds it (manifests.build_pod); ``priority``:
+    the value of the job's PriorityClass, None without one (Kueue then takes its default, 0)."""
+    template_spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "schedulingGroup")}
+    spec: dict[str, Json] = {
+        "active": True,
+        "queueName": queue_name(job),
+        # The gang starts whole or not at all: no minCount, so Kueue admits spec.nodes pods or none.
+        "podSets": [{"name": POD_SET, "count": job.spec.nodes, "template": {
+            "metadata": {"labels": dict(pod["metadata"].get("labels") or {})}, "spec": template_spec}}],
+    }
+    class_name = job.spec.scheduling.priority_class_name
+    if class_name:
+        spec["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": class_name}
+    if priority is not None:
+        spec["priority"] = priority
+    return {
+        "apiVersion": KUEUE.API_VERSION,
+        "kind": KUEUE.WORKLOAD,
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": job.namespace,
+            # Kueue names the job by this label in its messages ("Preempted to accommodate ... JobUID: <uid>").
+            "labels": {api.LABEL.JOB_NAME: job.name, api.LABEL.JOB_UID: job.uid, KUEUE.JOB_UID_LABEL: job.uid},
+            "ownerReferences": [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": job.name, "uid": job.uid,
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": spec,
+    }
+
+
+def _condition(workload: Mapping[str, Json], kind: str) -> Mapping[str, Json]:
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def _true(condition: Mapping[str, Json]) -> bool:
+    return condition.get("status") == "True"
+
+
+def read_admission(workload: Mapping[str, Json] | None) -> Admission:
+    """Kueue's answer, first what ends the job's hold or cancels it: Finished, Evicted, Admitted, else waiting
+    (with the reason of QuotaReserved=False: Pending with the flavors it could not assign, Inadmissible for a
+    LocalQueue that does not exist...)."""
+    if workload is None:
+        return Admission(QueueState.WAITING, WAITING_FOR_KUEUE, "the job's Workload is being made")
+    reserved = _true(_condition(workload, "QuotaReserved"))
+    for kind, state in (("Finished", QueueState.FINISHED), ("Evicted", QueueState.EVICTED)):
+        found = _condition(workload, kind)
+        if _true(found):
+            return Admission(state, found.get("reason") or kind, found.get("message") or "", reserved)
+    if _true(_condition(workload, "Admitted")):
+        admitted = _condition(workload, "Admitted")
+        cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+        return Admission(QueueState.ADMITTED, admitted.get("reason") or "Admitted", admitted.get("message") or "",
+                         reserved, cluster_queue, _flavors(workload), _pod_set_updates(workload))
+    quota = _condition(workload, "QuotaReserved")
+    if quota:
+        return Admission(QueueState.WAITING, quota.get("reason") or "Pending", quota.get("message") or "", reserved)
+    return Admission(QueueState.WAITING, WAITING_FOR_KUEUE, "Kueue has not considered the Workload yet", reserved)
+
+
+def _flavors(workload: Mapping[str, Json]) -> tuple[str, ...]:
+    assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    names = [flavor for assignment in assignments if assignment.get("name") == POD_SET
+             for flavor in (assignment.get("flavors") or {}).values()]
+    return tuple(dict.fromkeys(names))
+
+
+def _pod_set_updates(workload: Mapping[str, Json]) -> tuple[Mapping[str, Json], ...]:
+    checks = (workload.get("status") or {}).get("admissionChecks") or []
+    return tuple(update for check in checks for update in check.get("podSetUpdates") or []
+                 if update.get("name") == POD_SET)
+
+
+def placement(admission: Admission, flavors: Mapping[str, Mapping[str, Json]]) -> Placement:
+    """The flavors' node labels and tolerations, then the admission checks' updates' node selectors and tolerations,
+    as Kueue's podset.FromAssignment and FromUpdate merge them (an update's pod labels and annotations are not
+    applied: the pods have no field for them yet); ``flavors``: the ResourceFlavor objects by name. ValueError on
+    a node label that two of them set differently (Kueue fails such a start too)."""
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Json]] = []
+    parts = [(f"ResourceFlavor {name}", flavors[name].get("spec") or {}) for name in admission.flavors]
+    for source, part in parts:
+        _merge(selector, part.get("nodeLabels") or {}, source)
+        tolerations += [t for t in part.get("tolerations") or [] if t not in tolerations]
+    for update in admission.pod_set_updates:
+        _merge(selector, update.get("nodeSelector") or {}, "an admission check's podSetUpdate")
+        tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
+    return Placement(selector, tuple(tolerations))
+
+
+def _merge(into: dict[str, str], labels: Mapping[str, str], source: str) -> None:
+    for key, value in labels.items():
+        if into.get(key, value) != value:
+            raise ValueError(f"{source} needs node label {key}={value}, which conflicts with {key}={into[key]}")
+        into[key] = value
+
+
+def placed(job: TrainingJob, where: Placement) -> TrainingJob:
+    """The job as its pods must be made under this admission: Kueue's node labels and tolerations added to its own
+    (a node label the job sets otherwise is a conflict: ValueError)."""
+    scheduling = job.spec.scheduling
+    selector = dict(scheduling.node_selector)
+    _merge(selector, where.node_selector, "Kueue's admission")
+    tolerations = tuple(scheduling.tolerations) + tuple(t for t in where.tolerations if t not in scheduling.tolerations)
+    new_scheduling = replace(scheduling, node_selector=selector, tolerations=tolerations)
+    return replace(job, spec=replace(job.spec, scheduling=new_scheduling))
+
+
+def workload_spec_patch(workload: Mapping[str, Json], job: TrainingJob) -> dict[str, Json] | None:
+    """The Workload kept in step with its job: inactive while the job is suspended (Kueue then evicts it, reason
+    Deactivated, and the quota goes back once the pods are gone), and the pod count of an elastic job resized while
+    it waits (Kueue refuses that change while quota is reserved). None when nothing is to change."""
+    spec = workload.get("spec") or {}
+    patch: dict[str, Json] = {}
+    active = not job.spec.run_policy.suspend
+    if spec.get("active", True) != active:
+        patch["active"] = active
+    pod_sets = [dict(p) for p in spec.get("podSets") or []]
+    if pod_sets and pod_sets[0].get("count") != job.spec.nodes and not _true(_condition(workload, "QuotaReserved")):
+        pod_sets[0]["count"] = job.spec.nodes
+        patch["podSets"] = pod_sets
+    if not patch:
+        return None
+    return {"metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]}, "spec": patch}
+
+
+def _status_patch(workload: Mapping[str, Json], conditions: Sequence[Mapping[str, Json]],
+                  **fields: Json) -> dict[str, Json]:
+    """A merge patch of the Workload's status, guarded by its resourceVersion (Kueue writes the same conditions)."""
+    return {"metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+            "status": {"conditions": list(conditions), **fields}}
+
+
+def _set(conditions: Sequence[Mapping[str, Json]], kind: str, value: bool, reason: str, message: str, *,
+         now: datetime, generation: int) -> list[dict[str, Json]]:
+    return set_condition(conditions, kind, value, reason, message[:32768], now=now, generation=generation)
+
+
+def release_patch(workload: Mapping[str, Json], now: datetime) -> dict[str, Json] | None:
+    """After an eviction, once the job's pods are gone: the admission cleared, QuotaReserved and Admitted False,
+    Requeued (True for a preemption or node failures, whose job goes back to the queue at once), as Kueue's job
+    reconciler writes it. None while nothing is reserved any more."""
+    evicted = _condition(workload, "Evicted")
+    if not _true(evicted) or not _true(_condition(workload, "QuotaReserved")):
+        return None
+    generation = int(workload["metadata"].get("generation") or 0)
+    reason, message = evicted.get("reason") or "Evicted", evicted.get("message") or ""
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    conditions = _set(conditions, "Requeued", reason in ("Preempted", "NodeFailures"), reason, message,
+                      now=now, generation=generation)
+    conditions = _set(conditions, "QuotaReserved", False, "Pending", message, now=now, generation=generation)
+    conditions = _set(conditions, "Admitted", False, "NoReservation", "The workload has no reservation",
+                      now=now, generation=generation)
+    return _status_patch(workload, conditions, admission=None)
+
+
+def finished_patch(workload: Mapping[str, Json], succeeded: bool, message: str,
+                   now: datetime) -> dict[str, Json] | None:
+    """The job ended: the Workload Finished (reason Succeeded or Failed, as Kueue's integrations say), which frees its
+    quota. None when it says so already."""
+    if _true(_condition(workload, "Finished")):
+        return None
+    generation = int(workload["metadata"].get("generation") or 0)
+    conditions = _set((workload.get("status") or {}).get("conditions") or [], "Finished", True,
+                      "Succeeded" if succeeded else "Failed", message or "the TrainingJob finished",
+                      now=now, generation=generation)
+    return _status_patch(workload, conditions)
+
+
+def waiting_message(job: TrainingJob, admission: Admission) -> str:
+    """The job's status message while it waits for Kueue, Kueue's own words included."""
+    what = f"queued in Kueue LocalQueue {queue_name(job)}"
+    if admission.state is QueueState.EVICTED:
+        what = f"evicted by Kueue ({admission.reason}), queued again in LocalQueue {queue_name(job)}"
+    elif admission.state is QueueState.FINISHED:
+        what = f"Kueue marked its Workload finished ({admission.reason}) before the job ended"
+    return f"{what}: {admission.message}" if admission.message else what
+
+
+
+# --- The job's side: lifecycle's steps for a queued job --------------------------------------------------------
+
+
+def hold(draft: Draft, pods: Sequence[PodState], admission: Admission) -> None:
+    """Not admitted, or evicted: the job holds nothing. Its pods are deleted (SIGTERM and the grace period to write a
+    checkpoint), checkpoints kept; it waits Queued, condition Admitted False with Kueue's reason and words."""
+    draft.remove(list(pods))
+    message = waiting_message(draft.job, admission)
+    if draft.status.get("phase") != Phase.QUEUED:
+        evicted = admission.state is QueueState.EVICTED
+        draft.events.append(Event("Warning" if evicted else "Normal", "Evicted" if evicted else "Queued",
+                                  message[:1024]))
+    draft.phase(Phase.QUEUED, message)
+    draft.condition(ConditionType.ADMITTED, False, admission.reason, message[:4096])
+    draft.condition(ConditionType.RUNNING, False, admission.reason, message[:4096])
+    draft.status["nodes"] = count_nodes(draft.job.spec.nodes, [p for p in pods if not p.deleting]).as_status()
+    draft.status["gpus"] = 0
+
+
+def record_admission(draft: Draft, admission: Admission) -> None:
+    """Admitted: said in condition Admitted (the ClusterQueue named), and an event the first time."""
+    message = f"admitted by Kueue in ClusterQueue {admission.cluster_queue}"
+    known = next((c for c in draft.status.get("conditions") or [] if c.get("type") == ConditionType.ADMITTED), None)
+    if known is None or known.get("status") != "True":
+        draft.events.append(Event("Normal", "Admitted", message))
+    draft.condition(ConditionType.ADMITTED, True, "Admitted", message)
