@@ -55,7 +55,7 @@ def kueue_bench(ctx: Context) -> list[Figure]:
 
 def _measure(ctx: Context, lab: Cluster, namespace: str) -> Figure:
     base = f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs"
-    nodes, rounds = 2, (3 if ctx.quick else 7)
+    nodes, rounds = 2, (3 if ctx.quick else 15)
 
     def one(name: str, queued: bool) -> float:
         labels = {"kueue.x-k8s.io/queue-name": QUEUE} if queued else {}

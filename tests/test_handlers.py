@@ -21,11 +21,12 @@ import kopf
 import pytest
 from kopf._core.engines import posting
 
-from kubetrain.controller import handlers, jobstate, kopf_setup, metrics
+from kubetrain.controller import handlers, jobstate, kopf_setup, metrics, queueing
 from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import spec
 from kubetrain.core.goodput import REFRESH_SECONDS
 from kubetrain.core.judgements import Coalescing, ScrapeClock
+from kubetrain.core.queueing import POD_SET, QUEUE_LABEL
 from kubetrain.core.status import Progress, Scrape, pod_state
 from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS
 from kubetrain.k8s.kube import ApiError, Kube
@@ -46,6 +47,8 @@ class FakeCluster:
     pods: list[Json] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     faults: dict[str, Callable[[], None]] = field(default_factory=dict)
+    workloads: dict[str, Json] = field(default_factory=dict)  # Kueue's Workloads, by name
+    flavors: dict[str, Json] = field(default_factory=dict)  # Kueue's ResourceFlavors, by name
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(name)
@@ -79,6 +82,21 @@ class FakeCluster:
 
     def _delete_namespaced_pod(self, name: str, *_: Any, **__: Any) -> None:
         self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+
+    def _create_namespaced_workload(self, _namespace: str, body: Json) -> None:
+        name = body["metadata"]["name"]
+        if name in self.workloads:
+            raise ApiError(409, "Conflict", "")
+        self.workloads[name] = copy.deepcopy(body)
+        self.workloads[name]["metadata"]["resourceVersion"] = "1"
+
+    def _read_namespaced_workload(self, name: str, _namespace: str) -> Json:
+        if name not in self.workloads:
+            raise ApiError(404, "Not Found", "")
+        return self.workloads[name]
+
+    def _read_resource_flavor(self, name: str) -> Json:
+        return self.flavors[name]
 
 
 class ShownPods(dict[tuple[str, str], list[Any]]):
@@ -153,6 +171,7 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., jobstate.Ope
         watch has shown (default: all of the cluster's)."""
         kube._core = _Client(cluster)  # type: ignore[assignment]
         kube._custom = _Client(cluster)  # type: ignore[assignment]
+        kube._kueue = _Client(cluster)  # type: ignore[assignment]
 
         async def once() -> jobstate.OperatorState:
             posting.event_queue_loop_var.set(asyncio.get_running_loop())
@@ -611,3 +630,44 @@ def test_goodput_is_published_written_now_and_then_and_forgotten_with_the_job(ru
     assert cluster.job["status"]["goodput"]["queuedSeconds"] >= REFRESH_SECONDS + 60
     state.forget(KEY)
     assert KEY not in metrics.JOB_GOODPUT.jobs
+
+
+def _admitted(workload: Json, flavor: str) -> Json:
+    """The Workload as Kueue writes it when it admits it on ``flavor``."""
+    admitted = copy.deepcopy(workload)
+    admitted["metadata"]["resourceVersion"] = "2"
+    admitted["status"] = {
+        "admission": {"clusterQueue": "team-cq", "podSetAssignments": [
+            {"name": POD_SET, "flavors": {"cpu": flavor}, "count": admitted["spec"]["podSets"][0]["count"]}]},
+        "conditions": [{"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime":
+                        "2026-12-05T00:00:00Z"} for kind in ("QuotaReserved", "Admitted")]}
+    return admitted
+
+
+def test_a_queued_job_makes_its_workload_unread_and_takes_kueues_answer_from_the_watch(run: Any) -> None:
+    """A new job's Workload is made without a read before it (there can be none), and the reconcile that Kueue's
+    admission queues reads the Workload as the watch event showed it, not from the API server."""
+    body = job_body()
+    body["metadata"]["labels"] = {QUEUE_LABEL: "team"}
+    cluster = FakeCluster(body)
+    state = run(cluster)
+    assert cluster.calls.count("create_namespaced_workload") == 1
+    assert "read_namespaced_workload" not in cluster.calls
+    assert cluster.pods == [] and cluster.job is not None and cluster.job["status"]["phase"] == "Queued"
+    (workload,) = cluster.workloads.values()
+    admitted = cluster.workloads[workload["metadata"]["name"]] = _admitted(workload, "pool-a")
+    cluster.flavors["pool-a"] = {"metadata": {"name": "pool-a"}, "spec": {"nodeLabels": {"example.com/pool": "a"}}}
+    cluster.calls.clear()
+
+    async def kueue_admits() -> None:
+        posting.event_queue_loop_var.set(asyncio.get_running_loop())
+        posting.event_queue_var.set(asyncio.Queue())
+        posting.settings_var.set(kopf.OperatorSettings())
+        await queueing.workload_changed(body=kopf.Body(copy.deepcopy(admitted)), namespace=NAMESPACE,
+                                        memo={"state": state}, type="MODIFIED")
+        await state.queue.drained()
+    asyncio.run(kueue_admits())
+    assert "read_namespaced_workload" not in cluster.calls
+    assert cluster.calls.count("read_resource_flavor") == 1
+    assert len(cluster.pods) == 2
+    assert all(p["spec"]["nodeSelector"]["example.com/pool"] == "a" for p in cluster.pods)

@@ -156,7 +156,7 @@ async def _reconcile_measured(state: OperatorState, key: Key, trigger: Trigger) 
         state.reconciles += 1
         await _reconcile(state, key, record, trigger)
         state.queue.succeeded(key)
-        if not state.keeps_cached(key, record):
+        if not state.keeps_cached(key, record) and not state.queue.again(key):
             record.drop_cached()
     except ConflictError:
         record.drop_cached()
@@ -257,7 +257,8 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     """Ask the pure core what to do, write the status it decided (so a crash never loses a count), act."""
     before = stored.status
     progress = await _scrape(state, record, before, pods)
-    gate = await admit(state, job, before)  # Kueue's say over a job in its queue; the job placed where it admitted
+    # Kueue's say over a job in its queue; the job placed where it admitted
+    gate = await admit(state, record, job, before)
     job = gate.job
     now = datetime.now(UTC)
     decision = reconcile(job, before, pods, now, progress, queue=gate.admission)
@@ -275,7 +276,7 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
         if not written_first:  # what was decided (progress, conditions) stands; the failure is added to it
             await _write_status(state, record, job, stored, while_retrying(decision.status))
         raise
-    await settle(state, gate, decision.status, pods)  # its Workload Finished, or its quota given back
+    await settle(state, record, gate, decision.status, pods)  # its Workload Finished, or its quota given back
     return decision
 
 

@@ -86,6 +86,10 @@ class JobRecord:
     expected_until: float = 0.0  # ...waited for until then (monotonic time)
     own_writes: list[str] = field(default_factory=list)  # resourceVersions of its last status writes
     written_at: float = -math.inf  # monotonic time of the last status write
+    # Its Kueue Workload as last seen (its watch event, or the answer to our own write), dropped with the body: the
+    # reconcile a Workload event queues reads no Workload. A stale one cannot write (Workload patches carry its
+    # resourceVersion): the 409 drops it.
+    workload: Json | None = None
 
     def parsed(self, body: Json) -> TrainingJob:
         """The job's spec, parsed again only when it changed: its generation, or labels (which bump no
@@ -116,6 +120,7 @@ class JobRecord:
         """The next reconcile reads the job from the API server and parses it again."""
         self.body = None
         self.job = None
+        self.workload = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from kubetrain.controller.jobstate import OperatorState, Trigger
+from kubetrain.controller.jobstate import JobRecord, OperatorState, Trigger
 from kubetrain.core import api
 from kubetrain.core.manifests import build_pod
 from kubetrain.core.queueing import (
@@ -54,11 +54,16 @@ def _owned_by_a_job(body: kopf.Body, **_: Any) -> bool:
 
 
 @kopf.on.event(*WORKLOAD, when=_owned_by_a_job)
-async def workload_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    """Kueue admitted, evicted or finished a job's Workload (or it was deleted): reconcile the job."""
+async def workload_changed(body: kopf.Body, namespace: str | None, memo: Any, type: str | None,  # noqa: A002
+                           **_: Any) -> None:
+    """Kueue admitted, evicted or finished a job's Workload (or it was deleted): reconcile the job, which reads the
+    Workload as this event shows it."""
     state: OperatorState = memo["state"]
     name = _owning_job(body)
     if namespace and name and state.config.serves(namespace):
+        record = state.records.get((namespace, name))
+        if record is not None:  # a job not reconciled yet reads its Workload from the API server
+            record.workload = None if type == "DELETED" else dict(body)
         state.queue.add((namespace, name), WORKLOAD_CHANGE)
 
 
@@ -72,21 +77,26 @@ class Gate:
     workload: Json = None
 
 
-async def admit(state: OperatorState, job: TrainingJob, status: Json) -> Gate:
+async def admit(state: OperatorState, record: JobRecord, job: TrainingJob, status: Json) -> Gate:
     """The job's Workload, made when missing (not for a job that has ended), kept in step with the job (an elastic
     resize while it waits, suspension), and what Kueue says of it; admitted, the job placed on its flavors."""
     if queue_name(job) is None:
         return Gate(job)
     kube = state.kube
-    workload = await kube.get_workload(job.namespace, workload_name(job))
+    workload = _seen(record, job)
+    if workload is None and status:  # a new job (no status yet) has none: it is made without a read first
+        workload = await kube.get_workload(job.namespace, workload_name(job))
     if workload is None:
         if api.Phase(status.get("phase") or api.Phase.PENDING).finished:
             return Gate(job)
-        workload = await _create_workload(state, job)
+        workload, made = await _create_workload(state, job)
+        if made:  # Kueue has not seen it yet; the watch event of its making queues the job's next reconcile
+            return Gate(job, read_admission(workload))
     else:
         patch = workload_spec_patch(workload, job)
         if patch is not None:
             workload = await kube.patch_workload(job.namespace, workload_name(job), patch)
+    record.workload = workload
     admission = read_admission(workload)
     if admission.state is not QueueState.ADMITTED:
         return Gate(job, admission, workload)
@@ -94,9 +104,18 @@ async def admit(state: OperatorState, job: TrainingJob, status: Json) -> Gate:
     return Gate(placed(job, placement(admission, flavors)), admission, workload)
 
 
-async def _create_workload(state: OperatorState, job: TrainingJob) -> Json:
-    """Kueue orders and preempts by spec.priority: the value of the job's PriorityClass, read as Kueue's own
-    integrations read it."""
+def _seen(record: JobRecord, job: TrainingJob) -> Json | None:
+    """The job's Workload as its watch last showed it; None when not seen since the job's cache was dropped (or
+    it was the Workload of an earlier job of the same name)."""
+    workload = record.workload
+    if workload is not None and workload["metadata"].get("name") == workload_name(job):
+        return workload
+    return None
+
+
+async def _create_workload(state: OperatorState, job: TrainingJob) -> tuple[Json, bool]:
+    """The job's Workload, made now (True) or as it existed (False). Kueue orders and preempts by spec.priority:
+    the value of the job's PriorityClass, read as Kueue's own integrations read it."""
     class_name = job.spec.scheduling.priority_class_name
     priority = None
     if class_name:
@@ -104,10 +123,10 @@ async def _create_workload(state: OperatorState, job: TrainingJob) -> Json:
     pod = build_pod(job, 0, 0, default_image=state.config.trainer_image)
     body = build_workload(job, pod, priority)
     existing = await state.kube.create(job.namespace, body)
-    return existing if existing is not None else await state.kube.get_workload(job.namespace, workload_name(job))
+    return (body, True) if existing is None else (existing, False)
 
 
-async def settle(state: OperatorState, gate: Gate, status: Json, pods: list[PodState]) -> None:
+async def settle(state: OperatorState, record: JobRecord, gate: Gate, status: Json, pods: list[PodState]) -> None:
     """After the reconcile acted: an ended job's Workload Finished (its quota goes to the next job); an evicted
     job's admission given back once its pods are gone."""
     workload = gate.workload
@@ -122,4 +141,5 @@ async def settle(state: OperatorState, gate: Gate, status: Json, pods: list[PodS
     else:
         return
     if patch is not None:
-        await state.kube.patch_workload(gate.job.namespace, workload["metadata"]["name"], patch, status=True)
+        record.workload = await state.kube.patch_workload(gate.job.namespace, workload["metadata"]["name"], patch,
+                                                          status=True)

@@ -116,6 +116,10 @@ class WorkQueue(Generic[K, R]):
     def busy(self, key: K) -> bool:
         return key in self._active
 
+    def again(self, key: K) -> bool:
+        """Whether another pass of ``key`` follows the one that runs now (it was added meanwhile)."""
+        return key in self._again
+
     async def run(self, key: K, reason: R) -> None:
         """Process ``key`` in the caller's task now, as a worker would; if a pass of it runs, once more after
         that instead (and return at once)."""
