@@ -14,7 +14,7 @@ from tests.lab.images import REPO
 from tests.lab.lab import Lab
 from tests.lab.pods import pod_manifest, wait_pod
 from tests.lab.procs import wait_for
-from tests.lab.provisioner import ANN_PROVISIONED_BY, PROVISIONER, STORAGE_CLASS
+from tests.lab.provisioner import ANN_PROVISIONED_BY, ANN_STORAGE_PROVISIONER, PROVISIONER, STORAGE_CLASS
 from tests.lab.rest import JSON, ApiError
 
 pytestmark = pytest.mark.lab
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.lab
 EXAMPLE_CLAIM = REPO / "examples" / "storage" / "checkpoints-pvc.yaml"
 CLAIM = "digits-checkpoints"  # the name in the example
 BIND_TIMEOUT_S = 15
+KUBE_CONTROLLER_BACKOFF_S = 150  # a reflector's longest wait after an outage (60 s), twice, and room
 
 
 def _claim(lab: Lab, namespace: str, name: str = CLAIM) -> JSON:
@@ -35,6 +36,11 @@ def _apply_example_and_wait_bound(lab: Lab, namespace: str) -> tuple[JSON, JSON]
              f"claim {namespace}/{CLAIM} to bind", interval=0.2)
     claim = _claim(lab, namespace)
     return claim, lab.api.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
+
+
+def _handed_to_provisioner(claim: JSON) -> bool:
+    annotations = claim["metadata"].get("annotations") or {}
+    return any(annotations.get(key) == PROVISIONER for key in ANN_STORAGE_PROVISIONER)
 
 
 def _gone(lab: Lab, path: str) -> bool:
@@ -122,7 +128,14 @@ def test_provisioning_resumes_after_an_apiserver_restart(lab: Lab, namespace: st
     # The provisioner's watches break; it must list again and serve a claim made afterwards.
     lab.restart_apiserver()
     lab.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE_CLAIM))
-    wait_for(lambda: _claim(lab, namespace).get("status", {}).get("phase") == "Bound", 60,
+    # The PV controller's part comes first and may be slow: after repeated restarts its informers back off
+    # (client-go: 30 s cap, jitter up to twice that) before they see the claim. Ours must then be prompt.
+    wait_for(lambda: _handed_to_provisioner(_claim(lab, namespace)), KUBE_CONTROLLER_BACKOFF_S,
+             f"the PV controller to hand claim {namespace}/{CLAIM} to the provisioner", interval=0.5)
+    uid = _claim(lab, namespace)["metadata"]["uid"]
+    wait_for(lambda: not _gone(lab, f"/api/v1/persistentvolumes/pvc-{uid}"), BIND_TIMEOUT_S,
+             f"the provisioner to make a volume for {namespace}/{CLAIM} after the restart", interval=0.2)
+    wait_for(lambda: _claim(lab, namespace).get("status", {}).get("phase") == "Bound", KUBE_CONTROLLER_BACKOFF_S,
              f"claim {namespace}/{CLAIM} to bind after the restart", interval=0.5)
     volume = lab.api.get(f"/api/v1/persistentvolumes/{_claim(lab, namespace)['spec']['volumeName']}")
     assert volume["metadata"]["annotations"][ANN_PROVISIONED_BY] == PROVISIONER
