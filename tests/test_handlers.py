@@ -658,16 +658,54 @@ def test_a_queued_job_makes_its_workload_unread_and_takes_kueues_answer_from_the
     admitted = cluster.workloads[workload["metadata"]["name"]] = _admitted(workload, "pool-a")
     cluster.flavors["pool-a"] = {"metadata": {"name": "pool-a"}, "spec": {"nodeLabels": {"example.com/pool": "a"}}}
     cluster.calls.clear()
-
-    async def kueue_admits() -> None:
-        posting.event_queue_loop_var.set(asyncio.get_running_loop())
-        posting.event_queue_var.set(asyncio.Queue())
-        posting.settings_var.set(kopf.OperatorSettings())
-        await queueing.workload_changed(body=kopf.Body(copy.deepcopy(admitted)), namespace=NAMESPACE,
-                                        memo={"state": state}, type="MODIFIED")
-        await state.queue.drained()
-    asyncio.run(kueue_admits())
+    _kueue_changes(state, admitted)
     assert "read_namespaced_workload" not in cluster.calls
     assert cluster.calls.count("read_resource_flavor") == 1
     assert len(cluster.pods) == 2
     assert all(p["spec"]["nodeSelector"]["example.com/pool"] == "a" for p in cluster.pods)
+
+
+def _kueue_changes(state: jobstate.OperatorState, workload: Json | None = None,
+                   cluster: FakeCluster | None = None) -> None:
+    """Kueue's write of ``workload`` seen by the operator's watch (or, with None, a timer), and the reconciles that
+    follow; ``cluster``: whose pods the operator's pod watch has shown by then."""
+    if cluster is not None:
+        state.pods = shown(cluster.pods)
+
+    async def event() -> None:
+        posting.event_queue_loop_var.set(asyncio.get_running_loop())
+        posting.event_queue_var.set(asyncio.Queue())
+        posting.settings_var.set(kopf.OperatorSettings())
+        if workload is None:
+            state.queue.add(KEY, handlers.TIMER)
+        else:
+            await queueing.workload_changed(body=kopf.Body(copy.deepcopy(workload)), namespace=NAMESPACE,
+                                            memo={"state": state}, type="MODIFIED")
+        await state.queue.drained()
+    asyncio.run(event())
+
+
+def test_an_admitted_job_reads_its_flavors_once_per_admission(run: Any) -> None:
+    """The flavors are read when an admission places the job, not at each reconcile of the running job (as Kueue's
+    own integrations read them when they start a job); a new admission reads them again."""
+    body = job_body()
+    body["metadata"]["labels"] = {QUEUE_LABEL: "team"}
+    cluster = FakeCluster(body)
+    state = run(cluster)
+    (workload,) = cluster.workloads.values()
+    admitted = cluster.workloads[workload["metadata"]["name"]] = _admitted(workload, "pool-a")
+    cluster.flavors["pool-a"] = {"metadata": {"name": "pool-a"}, "spec": {"nodeLabels": {"example.com/pool": "a"}}}
+    _kueue_changes(state, admitted)
+    assert len(cluster.pods) == 2
+    _kueue_changes(state, None, cluster)
+    _kueue_changes(state, None, cluster)
+    assert cluster.calls.count("patch_namespaced_custom_object_status") > 2, "the job was reconciled meanwhile"
+    assert cluster.calls.count("read_resource_flavor") == 1
+
+    again = copy.deepcopy(admitted)  # evicted and admitted again while its pods were still on their way out
+    again["metadata"]["resourceVersion"] = "3"
+    for condition in again["status"]["conditions"]:
+        condition["lastTransitionTime"] = "2026-12-05T01:00:00Z"
+    cluster.workloads[again["metadata"]["name"]] = again
+    _kueue_changes(state, again, cluster)
+    assert cluster.calls.count("read_resource_flavor") == 2

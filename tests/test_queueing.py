@@ -150,6 +150,7 @@ class TestWhatKueueSays:
         seen = read_admission(workload(RESERVED, ADMITTED, admission=ADMISSION, checks=checks))
         assert seen.flavors == ("default", "h200") and seen.quota_reserved and seen.cluster_queue == "gpus"
         assert seen.pod_set_updates == (update,)
+        assert seen.since == ADMITTED["lastTransitionTime"], "what tells one admission of the Workload from the next"
 
     def test_the_message_says_which_queue_and_kueues_words(self) -> None:
         waiting = Admission(QueueState.WAITING, "Inadmissible", "LocalQueue nope doesn't exist")

@@ -18,6 +18,7 @@ from kubetrain.controller.memory import return_freed_memory
 from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import api
 from kubetrain.core.judgements import ScrapeClock
+from kubetrain.core.queueing import Placement
 from kubetrain.core.spec import TrainingJob, parse
 from kubetrain.core.status import PodState, parse_time
 from kubetrain.core.status_policy import Event
@@ -90,6 +91,8 @@ class JobRecord:
     # reconcile a Workload event queues reads no Workload. A stale one cannot write (Workload patches carry its
     # resourceVersion): the 409 drops it.
     workload: Json | None = None
+    # Where its admission puts its pods, with what identifies that admission (see controller/queueing.py).
+    placement: tuple[object, Placement] | None = None
 
     def parsed(self, body: Json) -> TrainingJob:
         """The job's spec, parsed again only when it changed: its generation, or labels (which bump no

@@ -20,6 +20,7 @@ from kubetrain.core.manifests import build_pod
 from kubetrain.core.queueing import (
     KUEUE,
     Admission,
+    Placement,
     QueueState,
     build_workload,
     finished_patch,
@@ -100,8 +101,17 @@ async def admit(state: OperatorState, record: JobRecord, job: TrainingJob, statu
     admission = read_admission(workload)
     if admission.state is not QueueState.ADMITTED:
         return Gate(job, admission, workload)
-    flavors = {name: await kube.get_resource_flavor(name) for name in admission.flavors}
-    return Gate(placed(job, placement(admission, flavors)), admission, workload)
+    return Gate(placed(job, await _placement(state, record, workload, admission)), admission, workload)
+
+
+async def _placement(state: OperatorState, record: JobRecord, workload: Json, admission: Admission) -> Placement:
+    """Where the admission puts the pods: its flavors are read once per admission, as Kueue's own integrations
+    read them when they start a job, not at each reconcile of a running one."""
+    key = (workload["metadata"].get("uid"), admission)
+    if record.placement is None or record.placement[0] != key:
+        flavors = {name: await state.kube.get_resource_flavor(name) for name in admission.flavors}
+        record.placement = (key, placement(admission, flavors))
+    return record.placement[1]
 
 
 def _seen(record: JobRecord, job: TrainingJob) -> Json | None:

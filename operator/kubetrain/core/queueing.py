@@ -92,6 +92,7 @@ class Admission:
     cluster_queue: str | None = None
     flavors: tuple[str, ...] = ()  # the ResourceFlavors of the pod set's assignment, each once
     pod_set_updates: tuple[Mapping[str, Json], ...] = ()
+    since: str | None = None  # when Kueue admitted it (Admitted's lastTransitionTime): tells re-admissions apart
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def read_admission(workload: Mapping[str, Json] | None) -> Admission:
         admitted = _condition(workload, "Admitted")
         cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         return Admission(QueueState.ADMITTED, admitted.get("reason") or "Admitted", admitted.get("message") or "",
-                         reserved, cluster_queue, _flavors(workload), _pod_set_updates(workload))
+                         reserved, cluster_queue, _flavors(workload), _pod_set_updates(workload),
+                         admitted.get("lastTransitionTime"))
     quota = _condition(workload, "QuotaReserved")
     if quota:
         return Admission(QueueState.WAITING, quota.get("reason") or "Pending", quota.get("message") or "", reserved)
