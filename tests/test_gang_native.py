@@ -162,3 +162,20 @@ def test_a_gang_larger_than_the_cluster_is_said_and_holds_nothing(jobs: Jobs) ->
     status = _unschedulable(jobs, "huge", 4)
     assert status["phase"] == "Pending"
     assert "minCount (4) cannot be satisfied" in status["message"], status["message"]
+
+
+def test_an_elastic_gang_starts_at_its_minimum_and_its_last_pod_joins_when_room_frees(jobs: Jobs) -> None:
+    # Room for two of its three pods: the group's minCount is the job's minNodes, so two bind and run.
+    blocker = _blocker(jobs, "lab-node-2")
+    jobs.create("elastic", spec("import time; time.sleep(600)", nodes=3, resources=NINE_CPUS,
+                                elastic={"minNodes": 2, "maxNodes": 3}))
+    jobs.wait("elastic", lambda s: s.get("phase") == "Running", "the job running on its minimum", timeout=120)
+    assert _group(jobs, "elastic-gang-0")["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    bound = _bound(jobs, "elastic")
+    assert sorted(bound.values()) == ["lab-node-0", "lab-node-1"], bound
+
+    jobs.lab.api.delete(f"/api/v1/namespaces/{jobs.namespace}/pods/{blocker}")
+    status = jobs.wait("elastic", lambda s: (s.get("nodes") or {}).get("ready") == 3, "the third pod ready",
+                       timeout=120)
+    assert sorted(_bound(jobs, "elastic").values()) == sorted(RACKS)
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 0, 0), "it joined; no restart"

@@ -342,6 +342,34 @@ class TestElastic:
         assert decision.status["attempt"] == 0
         assert reasons(decision) == ["Scaled"]
 
+    CPU = "0/3 nodes are available: 3 Insufficient cpu."
+
+    @pytest.mark.parametrize(("min_nodes", "phase", "reason"), [
+        (2, "Running", "MinimumPodsRunning"),  # torchrun trains with the two while the third waits for room
+        (3, "Pending", "Unschedulable"),       # below its minimum an elastic job waits like a fixed one
+    ])
+    def test_an_elastic_gang_at_its_minimum_is_running(self, min_nodes: int, phase: str, reason: str) -> None:
+        elastic = job(nodes=3, elastic={"minNodes": min_nodes, "maxNodes": 3})
+        pods = states(pod(0), pod(1), pod(2, "Pending", unschedulable=self.CPU))
+        decision = reconcile(elastic, {"phase": "Pending", "attempt": 0, "restarts": 0}, pods, NOW)
+        assert decision.status["phase"] == phase, decision.status["message"]
+        assert condition(decision, "Running")["reason"] == reason
+        assert f"valid-2; the scheduler: {self.CPU}" in decision.status["message"]
+        assert decision.create == () and decision.delete == ()
+        assert_valid_status(decision.status)
+
+    def test_the_last_pods_joining_an_elastic_gang_are_told_once(self) -> None:
+        elastic = job(nodes=3, elastic={"minNodes": 2, "maxNodes": 3})
+        at_minimum = reconcile(elastic, {"phase": "Pending", "attempt": 0, "restarts": 0},
+                               states(pod(0), pod(1), pod(2, "Pending", unschedulable=self.CPU)), NOW)
+        assert reasons(at_minimum) == ["MinimumPodsRunning"]
+        still = reconcile(elastic, at_minimum.status, states(pod(0), pod(1), pod(2, "Pending")), NOW)
+        assert reasons(still) == [] and still.status["phase"] == "Running"
+        whole = reconcile(elastic, still.status, states(pod(0), pod(1), pod(2)), NOW)
+        assert reasons(whole) == ["AllPodsRunning"]
+        assert whole.status["message"].startswith("all 3 pods running")
+        assert reasons(reconcile(elastic, whole.status, states(pod(0), pod(1), pod(2)), NOW)) == []
+
     def test_scale_down_deletes_the_pods_above_nodes_and_keeps_the_attempt(self) -> None:
         pods = states(pod(0), pod(1), pod(2))
         decision = reconcile(self.elastic(2), running(nodes={"desired": 3}), pods, NOW)

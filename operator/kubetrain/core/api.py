@@ -197,6 +197,7 @@ class Reason(StrEnum):
     PODS_PENDING = "PodsPending"
     PODS_STARTING = "PodsStarting"
     ALL_RUNNING = "AllPodsRunning"
+    MINIMUM_RUNNING = "MinimumPodsRunning"  # an elastic gang trains with minNodes or more while the rest wait
     ALL_SUCCEEDED = "AllPodsSucceeded"
     POD_FAILED = "PodFailed"
     OOM_KILLED = "OOMKilled"

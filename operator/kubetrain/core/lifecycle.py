@@ -259,33 +259,52 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
         reason = Reason.CREATED if not current else Reason.SCALED
         draft.events.append(Event("Normal", reason, message))
     unscheduled = [p for p in current if not p.scheduled]
-    if draft.create or unscheduled:
+    running = counts.ready + counts.succeeded
+    if running >= spec.nodes:
+        _report_running(draft, f"all {spec.nodes} pods running ({spec.world_size} processes)", Reason.ALL_RUNNING)
+    elif spec.elastic is not None and running >= spec.elastic.min_nodes and not draft.create:
+        # torchrun's elastic rendezvous trains with the pods it has once minNodes joined; the rest join later. (A
+        # pass that creates pods says Pending, as before: a Running job's pod missing from the index is lost.)
+        waiting = _pending_message(draft, unscheduled)[0] if unscheduled else ""
+        message = (f"{running}/{spec.nodes} pods running, at least the {spec.elastic.min_nodes} the elastic gang "
+                   f"trains with" + (f"; {waiting}" if waiting else ""))
+        _report_running(draft, message, Reason.MINIMUM_RUNNING)
+    elif draft.create or unscheduled:
         _report_pending(draft, unscheduled)
-    elif counts.ready + counts.succeeded < spec.nodes:
+    else:
         message = f"{counts.ready}/{spec.nodes} pods running"
         draft.phase(Phase.STARTING, message)
         draft.condition(ConditionType.RUNNING, False, Reason.PODS_STARTING, message)
-    else:
-        message = f"all {spec.nodes} pods running ({spec.world_size} processes)"
-        draft.phase(Phase.RUNNING, message, Event("Normal", Reason.ALL_RUNNING, message))
-        draft.condition(ConditionType.RUNNING, True, Reason.ALL_RUNNING, message)
-        draft.condition(ConditionType.RESTARTING, False, Reason.ALL_RUNNING, message)
-        draft.status.setdefault("runningTime", isoformat(draft.now))
-        if spec.failure_policy.stall_timeout_seconds:
-            draft.condition(ConditionType.STALLED, False, Reason.ALL_RUNNING, "the training heartbeat is fresh")
-            draft.requeue(spec.failure_policy.stall_timeout_seconds)
+
+
+def _report_running(draft: Draft, message: str, reason: Reason) -> None:
+    """Running, with an event when the job starts running and when an elastic gang's last pods join it."""
+    before = find_condition(draft.status, ConditionType.RUNNING) or {}
+    joined = before.get("status") == "True" and before.get("reason") != reason
+    if draft.status.get("phase") != Phase.RUNNING or joined:
+        draft.events.append(Event("Normal", reason, message[:1024]))
+    draft.phase(Phase.RUNNING, message)
+    draft.condition(ConditionType.RUNNING, True, reason, message[:4096])
+    draft.condition(ConditionType.RESTARTING, False, reason, message[:4096])
+    draft.status.setdefault("runningTime", isoformat(draft.now))
+    policy = draft.job.spec.failure_policy
+    if policy.stall_timeout_seconds:
+        draft.condition(ConditionType.STALLED, False, reason, "the training heartbeat is fresh")
+        draft.requeue(policy.stall_timeout_seconds)
 
 
 def _report_pending(draft: Draft, unscheduled: Sequence[PodState]) -> None:
-    """Pending: the pods not placed yet, and the scheduler's reason when it said it cannot place them (for a
-    gang, kube-scheduler's PodGroup message: minCount cannot be satisfied, no feasible placement...)."""
+    message, reason = _pending_message(draft, unscheduled)
+    draft.phase(Phase.PENDING, message)
+    draft.condition(ConditionType.RUNNING, False, reason, message[:4096])
+
+
+def _pending_message(draft: Draft, unscheduled: Sequence[PodState]) -> tuple[str, Reason]:
+    """The pods not placed yet, and the scheduler's reason when it said it cannot place them (for a gang,
+    kube-scheduler's PodGroup message: minCount cannot be satisfied, no feasible placement...)."""
     waiting = [*(p.name for p in unscheduled), *(pod_name(draft.job.name, i) for i in draft.create)]
     message = f"waiting for {len(waiting)} pod(s) to be scheduled: {', '.join(waiting[:5])}"
     why = next((p.unschedulable for p in unscheduled if p.unschedulable), None)
     if why is None:
-        draft.phase(Phase.PENDING, message)
-        draft.condition(ConditionType.RUNNING, False, Reason.PODS_PENDING, message)
-        return
-    message = f"{message}; the scheduler: {why}"
-    draft.phase(Phase.PENDING, message)
-    draft.condition(ConditionType.RUNNING, False, Reason.UNSCHEDULABLE, message[:4096])
+        return message, Reason.PODS_PENDING
+    return f"{message}; the scheduler: {why}", Reason.UNSCHEDULABLE
