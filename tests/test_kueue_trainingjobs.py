@@ -21,6 +21,7 @@ from kubetrain.core.spec import parse
 from tests.lab.chart import CRD, install_identity, wait_crd_established
 from tests.lab.images import exec_only_image
 from tests.lab.jobs import Jobs
+from tests.lab.kueue import PODS_READY_TIMEOUT_S
 from tests.lab.lab import Lab
 from tests.lab.namespaces import delete_namespace
 from tests.lab.operator_process import OperatorProcess
@@ -74,20 +75,22 @@ def jobs(kueue_lab: Lab, operator: OperatorProcess) -> Iterator[Jobs]:
     delete_namespace(kueue_lab, NAMESPACE)
 
 
-def queued_job(jobs: Jobs, name: str, queue: str = LOCAL_QUEUE, priority_class: str | None = None) -> Json:
-    """A one-node job of 4 GPUs in ``queue`` whose pod runs until the file ``release/<name>`` exists."""
+def queued_job(jobs: Jobs, name: str, queue: str = LOCAL_QUEUE, priority_class: str | None = None, *,
+               gpus: int = 4, node_selector: dict[str, str] | None = None) -> Json:
+    """A one-node job of ``gpus`` GPUs in ``queue`` whose pod runs until the file ``release/<name>`` exists."""
     release = jobs.lab.run_dir / "release"
     release.mkdir(exist_ok=True)
     wait = f"import os, time\nwhile not os.path.exists('/release/{name}'):\n    time.sleep(0.2)\n"
     body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
-            "spec": {"nodes": 1, "gpusPerNode": 4, "image": IMAGE, "command": [sys.executable, "-c", wait],
+            "spec": {"nodes": 1, "gpusPerNode": gpus, "image": IMAGE, "command": [sys.executable, "-c", wait],
                      "resources": {"cpu": "100m", "memory": "256Mi", "sharedMemory": "16Mi"},
                      "volumes": [{"name": "release", "hostPath": {"path": str(release), "type": "Directory"}}],
                      "volumeMounts": [{"name": "release", "mountPath": "/release"}],
                      "runPolicy": {"terminationGracePeriodSeconds": 5}}}
-    if priority_class:
-        body["spec"]["scheduling"] = {"priorityClassName": priority_class}
+    scheduling = {"priorityClassName": priority_class, "nodeSelector": node_selector}
+    if any(scheduling.values()):
+        body["spec"]["scheduling"] = {key: value for key, value in scheduling.items() if value}
     created: Json = jobs.lab.api.post(jobs.base, body)
     return created
 
@@ -261,3 +264,37 @@ def test_two_flavors_on_differently_labelled_nodes_put_each_job_where_kueue_assi
     for name in ("in-a", "in-b"):
         release(jobs, name)
         jobs.wait_phase(name, "Succeeded", timeout=60)
+
+
+def pods_ready(workload: Json) -> Json:
+    return next((c for c in workload["status"].get("conditions") or [] if c["type"] == "PodsReady"), {})
+
+
+def test_under_wait_for_pods_ready_a_running_job_keeps_its_quota_and_one_that_cannot_start_gives_it_back(
+        jobs: Jobs) -> None:
+    """The lab's Kueue evicts an admitted Workload whose PodsReady is not True within PODS_READY_TIMEOUT_S: the
+    operator says PodsReady for a running job, as Kueue's integrations do; a job whose pod no node can take is
+    evicted when the timeout passes, says so, and holds nothing. Two 2-GPU jobs: Kueue admits both at once."""
+    steady = queued_job(jobs, "steady", gpus=2)
+    stuck = queued_job(jobs, "stuck", gpus=2, node_selector={"example.com/pool": "nowhere"})
+    jobs.wait_phase("steady", "Running", timeout=60)
+    wait_for(lambda: pods_ready(workload_of(jobs, steady)).get("status") == "True", 15,
+             "the running job's Workload PodsReady", interval=0.25)
+    assert pods_ready(workload_of(jobs, steady))["reason"] == "Started"
+
+    status = jobs.wait("stuck", lambda s: admitted(s).get("reason") == "PodsReadyTimeout",
+                       "evicted by waitForPodsReady", timeout=PODS_READY_TIMEOUT_S + 60)
+    assert status["phase"] == "Queued"
+    assert status["message"].startswith("evicted by Kueue (PodsReadyTimeout)"), status["message"]
+    assert "Exceeded the PodsReady timeout" in status["message"], status["message"]
+    wait_for(lambda: not jobs.pods("stuck"), 30, "the stuck job's pod gone", interval=0.5)
+    wait_for(lambda: not read_admission(workload_of(jobs, stuck)).quota_reserved, 15, "its quota given back",
+             interval=0.25)
+
+    # The running job was admitted no later than the stuck one, so its timeout has passed too: it stays.
+    status = jobs.status("steady")
+    assert (status["phase"], status["attempt"], admitted(status).get("status")) == ("Running", 0, "True"), status
+    assert read_admission(workload_of(jobs, steady)).state.value == "Admitted"
+    jobs.lab.api.delete(f"{jobs.base}/stuck")
+    release(jobs, "steady")
+    jobs.wait_phase("steady", "Succeeded", timeout=60)

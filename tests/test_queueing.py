@@ -22,6 +22,7 @@ from kubetrain.core.queueing import (
     finished_patch,
     placed,
     placement,
+    pods_ready_patch,
     queue_name,
     read_admission,
     release_patch,
@@ -227,6 +228,49 @@ class TestGivingQuotaBack:
         assert finished["message"].startswith("BackoffLimitExceeded")
         done = condition("Finished", True, "Succeeded", "done")
         assert finished_patch(workload(RESERVED, ADMITTED, done), True, "done", NOW) is None
+
+
+class TestPodsReady:
+    """Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady is not True within its timeout."""
+
+    @staticmethod
+    def ready(*conditions: dict[str, Json], running: bool) -> tuple[str, str] | None:
+        patch = pods_ready_patch(workload(RESERVED, ADMITTED, *conditions, admission=ADMISSION), running, NOW)
+        if patch is None:
+            return None
+        assert patch["metadata"]["resourceVersion"] == "42"
+        found = next(c for c in patch["status"]["conditions"] if c["type"] == "PodsReady")
+        return found["status"], found["reason"]
+
+    @pytest.mark.parametrize(("before", "running", "after"), [
+        ((), True, ("True", "Started")),  # the pods run: Kueue stops its clock
+        ((), False, ("False", "WaitForStart")),  # starting: said, as Kueue's integrations say it
+        ((condition("PodsReady", True, "Started"),), False, ("False", "WaitForRecovery")),  # a gang restart
+        ((condition("PodsReady", False, "WaitForRecovery"),), True, ("True", "Recovered")),
+        ((condition("PodsReady", True, "Recovered"),), False, ("False", "WaitForRecovery")),
+        ((condition("PodsReady", False, "WaitForStart"),), True, ("True", "Started")),
+    ])
+    def test_it_follows_the_pods(self, before: tuple[dict[str, Json], ...], running: bool,
+                                 after: tuple[str, str]) -> None:
+        assert self.ready(*before, running=running) == after
+
+    @pytest.mark.parametrize(("before", "running"), [
+        (condition("PodsReady", True, "Started"), True),
+        (condition("PodsReady", False, "WaitForStart"), False),
+        (condition("PodsReady", False, "WaitForRecovery"), False),
+    ])
+    def test_it_is_written_only_when_it_changes(self, before: dict[str, Json], running: bool) -> None:
+        assert self.ready(before, running=running) is None
+
+    def test_an_eviction_waits_for_the_next_admissions_pods_afresh(self) -> None:
+        evicted = TestGivingQuotaBack.EVICTED
+        patch = release_patch(workload(RESERVED, ADMITTED, condition("PodsReady", True, "Started"), evicted,
+                                       admission=ADMISSION), NOW)
+        assert patch is not None
+        ready = next(c for c in patch["status"]["conditions"] if c["type"] == "PodsReady")
+        assert (ready["status"], ready["reason"]) == ("False", "WaitForStart")
+        never = release_patch(workload(RESERVED, ADMITTED, evicted, admission=ADMISSION), NOW)
+        assert never is not None and "PodsReady" not in {c["type"] for c in never["status"]["conditions"]}
 
 
 def test_the_api_names() -> None:

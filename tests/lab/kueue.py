@@ -45,6 +45,9 @@ VISIBILITY_CERT_DIR = Path("/visibility")
 # once no Kueue runs any more, leftovers of a crashed lab included.
 MOUNT_TARGETS = {METRICS_CERT_DIR: Path("/etc/kueue"), VISIBILITY_CERT_DIR: VISIBILITY_CERT_DIR}
 READY_TIMEOUT_S = 120.0
+# waitForPodsReady, as clusters that want a job's pods all running or none configure it: an admitted Workload whose
+# PodsReady condition is not True within this evicts (short, so a test can see it happen).
+PODS_READY_TIMEOUT_S = 30
 # The lab's certificates live 30 days (tests/lab/pki.py); Kueue's token as long.
 TOKEN_LIFETIME_S = 30 * 24 * 3600
 NAMESPACED_KINDS = ("ServiceAccount", "Role", "RoleBinding")
@@ -134,6 +137,7 @@ class Kueue:
             "internalCertManagement": {"enable": False},
             "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": self.visibility_port},
             "clientConnection": {"qps": 50, "burst": 100},
+            "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s"},
             "integrations": {"frameworks": list(self.frameworks),
                              **({"externalFrameworks": list(self.external_frameworks)}
                                 if self.external_frameworks else {})},

@@ -26,6 +26,7 @@ from kubetrain.core.queueing import (
     finished_patch,
     placed,
     placement,
+    pods_ready_patch,
     queue_name,
     read_admission,
     release_patch,
@@ -138,7 +139,7 @@ async def _create_workload(state: OperatorState, job: TrainingJob) -> tuple[Json
 
 async def settle(state: OperatorState, record: JobRecord, gate: Gate, status: Json, pods: list[PodState]) -> None:
     """After the reconcile acted: an ended job's Workload Finished (its quota goes to the next job); an evicted
-    job's admission given back once its pods are gone."""
+    job's admission given back once its pods are gone; an admitted job's PodsReady kept true."""
     workload = gate.workload
     if workload is None or gate.admission is None:
         return
@@ -148,6 +149,8 @@ async def settle(state: OperatorState, record: JobRecord, gate: Gate, status: Js
         patch = finished_patch(workload, phase == api.Phase.SUCCEEDED, str(status.get("message") or ""), now)
     elif gate.admission.state is QueueState.EVICTED and not any(p.job_uid == gate.job.uid for p in pods):
         patch = release_patch(workload, now)
+    elif gate.admission.state is QueueState.ADMITTED:
+        patch = pods_ready_patch(workload, phase == api.Phase.RUNNING, now)
     else:
         return
     if patch is not None:

@@ -12,6 +12,8 @@ sigs.k8s.io/kueue v0.17.0). For a job labelled ``kueue.x-k8s.io/queue-name`` the
 - on eviction (condition Evicted) deletes the pods (SIGTERM and their grace period to checkpoint) and, once they
   are gone, gives the quota back: the Workload's admission cleared, QuotaReserved False, Requeued (Kueue's job
   reconciler does the same, step 6); admitted again, the job resumes from its checkpoint;
+- says in the Workload's PodsReady condition whether the job's pods run, which Kueue's ``waitForPodsReady`` reads
+  (without it Kueue evicts every admitted job once the timeout passes);
 - marks the Workload Finished when the job ends, so that its quota goes to the next one.
 
 Deleting the job deletes the Workload through its owner reference. Nothing here does I/O: the controller reads the
@@ -44,6 +46,7 @@ __all__ = [
     "hold",
     "placed",
     "placement",
+    "pods_ready_patch",
     "queue_name",
     "read_admission",
     "record_admission",
@@ -56,9 +59,14 @@ __all__ = [
 Json = Any
 
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
-POD_SET: Final = "trainer"
+POD_SET: Final = "trainer"  # the Workload's one pod set: every node of the job runs the same pod
 # The reason of a job whose Workload Kueue has not answered yet (Kueue's own reasons follow once it has).
-WAITING_FOR_KUEUE: Final = "WaitingForKueue"  # the Workload's one pod set: every node of the job runs the same pod
+WAITING_FOR_KUEUE: Final = "WaitingForKueue"
+PODS_READY: Final = "PodsReady"
+# Kueue's reasons and words for PodsReady (generatePodsReadyCondition in pkg/controller/jobframework/reconciler.go).
+_WAIT_FOR_START: Final = ("WaitForStart", "Not all pods are ready or succeeded")
+_WAIT_FOR_RECOVERY: Final = ("WaitForRecovery", "At least one pod has failed, waiting for recovery")
+_READY_MESSAGE: Final = "All pods reached readiness and the workload is running"
 
 
 class KUEUE:
@@ -270,7 +278,34 @@ def release_patch(workload: Mapping[str, Json], now: datetime) -> dict[str, Json
     conditions = _set(conditions, "QuotaReserved", False, "Pending", message, now=now, generation=generation)
     conditions = _set(conditions, "Admitted", False, "NoReservation", "The workload has no reservation",
                       now=now, generation=generation)
+    if _condition(workload, PODS_READY):  # the next admission's pods are waited for afresh
+        conditions = _set(conditions, PODS_READY, False, *_WAIT_FOR_START, now=now, generation=generation)
     return _status_patch(workload, conditions, admission=None)
+
+
+def pods_ready_patch(workload: Mapping[str, Json], running: bool, now: datetime) -> dict[str, Json] | None:
+    """An admitted job's PodsReady condition, as Kueue's integrations write it: True once its pods run (Started;
+    Recovered after a restart), False while they start (WaitForStart) or after they ran and the gang restarts
+    (WaitForRecovery, for Kueue's recoveryTimeout). Kueue's waitForPodsReady evicts an admitted Workload whose
+    condition is not True within its timeout, and with blockAdmission admits nothing else meanwhile. ``running``:
+    the job's phase is Running. None when the condition says so already."""
+    current = _condition(workload, PODS_READY)
+    value, reason, message = _pods_ready(current, running)
+    if current and (current.get("status") == ("True" if value else "False")) and current.get("reason") == reason:
+        return None
+    generation = int(workload["metadata"].get("generation") or 0)
+    conditions = _set((workload.get("status") or {}).get("conditions") or [], PODS_READY, value, reason, message,
+                      now=now, generation=generation)
+    return _status_patch(workload, conditions)
+
+
+def _pods_ready(current: Mapping[str, Json], running: bool) -> tuple[bool, str, str]:
+    recovering = current.get("reason") in (_WAIT_FOR_RECOVERY[0], "Recovered")
+    if running:
+        return True, "Recovered" if recovering else "Started", _READY_MESSAGE
+    if _true(current) or current.get("reason") == _WAIT_FOR_RECOVERY[0]:
+        return (False, *_WAIT_FOR_RECOVERY)
+    return (False, *_WAIT_FOR_START)
 
 
 def finished_patch(workload: Mapping[str, Json], succeeded: bool, message: str,
