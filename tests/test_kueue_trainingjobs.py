@@ -298,3 +298,57 @@ def test_under_wait_for_pods_ready_a_running_job_keeps_its_quota_and_one_that_ca
     jobs.lab.api.delete(f"{jobs.base}/stuck")
     release(jobs, "steady")
     jobs.wait_phase("steady", "Succeeded", timeout=60)
+
+
+# An admission check's answer as Kueue's ProvisioningRequest check gives it: the capacity the autoscaler made.
+PROVISIONED = {"cluster-autoscaler.kubernetes.io/consume-provisioning-request": "checked-1",
+               "cluster-autoscaler.kubernetes.io/provisioning-class-name": "check-capacity.autoscaling.x-k8s.io"}
+
+
+def test_an_admission_check_holds_the_job_and_its_pod_set_updates_reach_the_pods(jobs: Jobs) -> None:
+    """A ClusterQueue with an admission check, whose controller the test plays: Kueue reserves quota, the job waits
+    Queued saying which check it waits for, with no pods; the check says Ready with podSetUpdates, Kueue admits,
+    and the pod carries the update's annotations, label, node selector and toleration."""
+    api, now = jobs.lab.api, "2026-12-05T00:00:00Z"
+    api.post(f"{KUEUE_API}/admissionchecks", {
+        "apiVersion": KUEUE.API_VERSION, "kind": "AdmissionCheck", "metadata": {"name": "capacity"},
+        "spec": {"controllerName": "example.com/capacity"}})
+    api.merge_patch(f"{KUEUE_API}/admissionchecks/capacity/status", {"status": {"conditions": [
+        {"type": "Active", "status": "True", "reason": "Active", "message": "played by the test",
+         "lastTransitionTime": now}]}})
+    quota = {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "4"}
+    api.post(f"{KUEUE_API}/clusterqueues", {
+        "apiVersion": KUEUE.API_VERSION, "kind": "ClusterQueue", "metadata": {"name": "checked"},
+        "spec": {"namespaceSelector": {}, "admissionChecksStrategy": {"admissionChecks": [{"name": "capacity"}]},
+                 "resourceGroups": [{"coveredResources": list(quota), "flavors": [
+                     {"name": FLAVOR, "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}]}]}})
+    api.post(f"{KUEUE_API}/namespaces/{NAMESPACE}/localqueues", {
+        "apiVersion": KUEUE.API_VERSION, "kind": "LocalQueue",
+        "metadata": {"name": "checked", "namespace": NAMESPACE}, "spec": {"clusterQueue": "checked"}})
+
+    job = queued_job(jobs, "checked", queue="checked", gpus=2)
+    status = jobs.wait("checked", lambda s: admitted(s).get("reason") == "AdmissionChecksPending",
+                       "waiting for the admission check", timeout=60)
+    assert status["phase"] == "Queued" and jobs.pods("checked") == []
+    assert status["message"] == ("queued in Kueue LocalQueue checked: quota reserved, waiting for admission "
+                                 "checks: capacity Pending"), status["message"]
+
+    api.merge_patch(f"/api/v1/nodes/{FLAVOR_NODE}", {"metadata": {"labels": {"example.com/capacity": "made"}}})
+    update = {"name": "trainer", "labels": {"example.com/provisioned": "yes"}, "annotations": PROVISIONED,
+              "nodeSelector": {"example.com/capacity": "made"},
+              "tolerations": [{"key": "example.com/capacity", "operator": "Exists", "effect": "NoSchedule"}]}
+    api.merge_patch(f"{workload_path(job)}/status", {"status": {"admissionChecks": [
+        {"name": "capacity", "state": "Ready", "message": "capacity made", "lastTransitionTime": now,
+         "podSetUpdates": [update]}]}})
+    try:
+        jobs.wait_phase("checked", "Running", timeout=60)
+        [pod] = jobs.pods("checked")
+        assert PROVISIONED.items() <= pod["metadata"]["annotations"].items(), pod["metadata"]["annotations"]
+        assert pod["metadata"]["labels"]["example.com/provisioned"] == "yes"
+        assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": FLAVOR_NODE, "example.com/capacity": "made"}
+        assert update["tolerations"][0] in pod["spec"]["tolerations"]
+        assert pod["spec"]["nodeName"] == FLAVOR_NODE
+        release(jobs, "checked")
+        jobs.wait_phase("checked", "Succeeded", timeout=60)
+    finally:
+        api.merge_patch(f"/api/v1/nodes/{FLAVOR_NODE}", {"metadata": {"labels": {"example.com/capacity": None}}})

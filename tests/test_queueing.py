@@ -142,6 +142,16 @@ class TestWhatKueueSays:
         seen = read_admission(workload(*conditions, admission=ADMISSION if RESERVED in conditions else None))
         assert (seen.state, seen.reason) == (state, reason)
 
+    def test_reserved_quota_waits_for_the_admission_checks_and_says_which(self) -> None:
+        checks = [{"name": "capacity", "state": "Pending", "message": "waiting for 2 nodes"},
+                  {"name": "budget", "state": "Ready"}, {"name": "retry", "state": "Retry"}]
+        seen = read_admission(workload(RESERVED, admission=ADMISSION, checks=checks))
+        assert (seen.state, seen.reason, seen.quota_reserved) == (QueueState.WAITING, "AdmissionChecksPending", True)
+        assert seen.message == ("quota reserved, waiting for admission checks: capacity Pending: waiting for 2 "
+                                "nodes; retry Retry")
+        ready = [{"name": "capacity", "state": "Ready"}]
+        assert read_admission(workload(RESERVED, admission=ADMISSION, checks=ready)).reason == "QuotaReserved"
+
     def test_no_workload_yet_is_waiting(self) -> None:
         assert read_admission(None).state is QueueState.WAITING
 
@@ -168,6 +178,11 @@ FLAVORS: dict[str, Json] = {
 }
 
 
+# What Kueue's ProvisioningRequest admission check gives the pods: the capacity the cluster autoscaler made for them.
+PROVISIONED = {"cluster-autoscaler.kubernetes.io/consume-provisioning-request": "job-a-1",
+               "cluster-autoscaler.kubernetes.io/provisioning-class-name": "queued-provisioning.gke.io"}
+
+
 class TestWhereAnAdmissionPutsThePods:
     def test_flavor_labels_and_tolerations_then_the_checks_updates(self) -> None:
         update: dict[str, Json] = {"name": POD_SET, "nodeSelector": {"zone": "b"},
@@ -186,6 +201,32 @@ class TestWhereAnAdmissionPutsThePods:
         keys = [t["key"] for t in pod["spec"]["tolerations"]]
         assert keys[-2:] == ["team", "gpu"]
         assert build_pod(the_job, 1, 0)["spec"]["nodeSelector"] == {"rack": "r1"}  # the job itself is unchanged
+
+    def test_the_checks_pod_labels_and_annotations_reach_every_pod(self) -> None:
+        update = {"name": POD_SET, "labels": {"team": "vision"}, "annotations": PROVISIONED}
+        seen = Admission(QueueState.ADMITTED, "Admitted", "", True, "gpus", ("default",), (update,))
+        for index in (0, 1):
+            pod = build_pod(placed(job(), placement(seen, FLAVORS)), index, 3)
+            annotations = pod["metadata"]["annotations"]
+            assert annotations.pop("kubetrain.io/rendezvous-id") and annotations == PROVISIONED
+            assert pod["metadata"]["labels"]["team"] == "vision"
+            assert pod["metadata"]["labels"]["kubetrain.io/node-index"] == str(index)  # the operator's own stay
+        assert "team" not in build_pod(job(), 0, 3)["metadata"]["labels"]  # the job itself is unchanged
+
+    @pytest.mark.parametrize("update", [
+        {"labels": {"kubetrain.io/attempt": "0"}},
+        {"annotations": {"kubetrain.io/rendezvous-id": "x"}},
+    ])
+    def test_a_check_cannot_set_the_operators_own_keys(self, update: dict[str, Json]) -> None:
+        seen = Admission(QueueState.ADMITTED, "Admitted", "", True, "gpus", (), ({"name": POD_SET, **update},))
+        with pytest.raises(ValueError, match="a key the operator owns"):
+            placed(job(), placement(seen, FLAVORS))
+
+    def test_two_checks_that_disagree_on_an_annotation_are_a_conflict(self) -> None:
+        updates = ({"name": POD_SET, "annotations": {"a": "1"}}, {"name": POD_SET, "annotations": {"a": "2"}})
+        seen = Admission(QueueState.ADMITTED, "Admitted", "", True, "gpus", (), updates)
+        with pytest.raises(ValueError, match="pod annotation a=2, which conflicts with a=1"):
+            placement(seen, FLAVORS)
 
     def test_a_node_label_the_job_sets_otherwise_is_a_conflict(self) -> None:
         the_job = job(scheduling={"nodeSelector": {"gpu": "a100"}})

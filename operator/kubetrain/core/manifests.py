@@ -179,9 +179,10 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
     with ``gang`` the pod belongs to its attempt's PodGroup (build_pod_group)."""
     spec = job.spec
     name = pod_name(job.name, index)
-    labels = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
-    metadata = _metadata(job, name, labels)
-    metadata["annotations"] = {f"{api.ANNOTATION_PREFIX}rendezvous-id": rendezvous_id(job, attempt)}
+    own = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
+    metadata = _metadata(job, name, {**spec.scheduling.pod_labels, **own})
+    metadata["annotations"] = {**spec.scheduling.pod_annotations,
+                               f"{api.ANNOTATION_PREFIX}rendezvous-id": rendezvous_id(job, attempt)}
     volumes, mounts = _volumes(job)
     pod_spec: dict[str, Json] = {
         "hostname": name,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -62,6 +62,7 @@ QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 POD_SET: Final = "trainer"  # the Workload's one pod set: every node of the job runs the same pod
 # The reason of a job whose Workload Kueue has not answered yet (Kueue's own reasons follow once it has).
 WAITING_FOR_KUEUE: Final = "WaitingForKueue"
+ADMISSION_CHECKS_PENDING: Final = "AdmissionChecksPending"  # quota reserved; an admission check has not said Ready
 PODS_READY: Final = "PodsReady"
 # Kueue's reasons and words for PodsReady (generatePodsReadyCondition in pkg/controller/jobframework/reconciler.go).
 _WAIT_FOR_START: Final = ("WaitForStart", "Not all pods are ready or succeeded")
@@ -109,6 +110,8 @@ class Placement:
 
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Json], ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)  # the admission checks' podSetUpdates'...
+    annotations: Mapping[str, str] = field(default_factory=dict)  # ...(a ProvisioningRequest's, for one)
 
 
 def queue_name(job: TrainingJob) -> str | None:
@@ -180,9 +183,20 @@ def read_admission(workload: Mapping[str, Json] | None) -> Admission:
                          reserved, cluster_queue, _flavors(workload), _pod_set_updates(workload),
                          admitted.get("lastTransitionTime"))
     quota = _condition(workload, "QuotaReserved")
+    checks = [c for c in (workload.get("status") or {}).get("admissionChecks") or [] if c.get("state") != "Ready"]
+    if reserved and checks:  # Kueue admits once every admission check of the ClusterQueue says Ready
+        said = "; ".join(_check_said(check) for check in checks)
+        return Admission(QueueState.WAITING, ADMISSION_CHECKS_PENDING,
+                         f"quota reserved, waiting for admission checks: {said}", reserved)
     if quota:
         return Admission(QueueState.WAITING, quota.get("reason") or "Pending", quota.get("message") or "", reserved)
     return Admission(QueueState.WAITING, WAITING_FOR_KUEUE, "Kueue has not considered the Workload yet", reserved)
+
+
+def _check_said(check: Mapping[str, Json]) -> str:
+    """One admission check's state and words: ``capacity Pending: waiting for 2 nodes``."""
+    said = f"{check.get('name')} {check.get('state') or 'Pending'}"
+    return f"{said}: {check['message']}" if check.get("message") else said
 
 
 def _flavors(workload: Mapping[str, Json]) -> tuple[str, ...]:
@@ -199,37 +213,47 @@ def _pod_set_updates(workload: Mapping[str, Json]) -> tuple[Mapping[str, Json], 
 
 
 def placement(admission: Admission, flavors: Mapping[str, Mapping[str, Json]]) -> Placement:
-    """The flavors' node labels and tolerations, then the admission checks' updates' node selectors and tolerations,
-    as Kueue's podset.FromAssignment and FromUpdate merge them (an update's pod labels and annotations are not
-    applied: the pods have no field for them yet); ``flavors``: the ResourceFlavor objects by name. ValueError on
-    a node label that two of them set differently (Kueue fails such a start too)."""
+    """The flavors' node labels and tolerations, then the admission checks' updates' node selectors, tolerations,
+    pod labels and annotations, as Kueue's podset.FromAssignment and FromUpdate merge them; ``flavors``: the
+    ResourceFlavor objects by name. ValueError on a key that two of them set differently (Kueue fails such a start
+    too)."""
     selector: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
     tolerations: list[Mapping[str, Json]] = []
     parts = [(f"ResourceFlavor {name}", flavors[name].get("spec") or {}) for name in admission.flavors]
     for source, part in parts:
         _merge(selector, part.get("nodeLabels") or {}, source)
         tolerations += [t for t in part.get("tolerations") or [] if t not in tolerations]
     for update in admission.pod_set_updates:
-        _merge(selector, update.get("nodeSelector") or {}, "an admission check's podSetUpdate")
+        source = "an admission check's podSetUpdate"
+        _merge(selector, update.get("nodeSelector") or {}, source, "node label")
+        _merge(labels, update.get("labels") or {}, source, "pod label")
+        _merge(annotations, update.get("annotations") or {}, source, "pod annotation")
         tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
-    return Placement(selector, tuple(tolerations))
+    return Placement(selector, tuple(tolerations), labels, annotations)
 
 
-def _merge(into: dict[str, str], labels: Mapping[str, str], source: str) -> None:
+def _merge(into: dict[str, str], labels: Mapping[str, str], source: str, what: str = "node label") -> None:
     for key, value in labels.items():
         if into.get(key, value) != value:
-            raise ValueError(f"{source} needs node label {key}={value}, which conflicts with {key}={into[key]}")
+            raise ValueError(f"{source} needs {what} {key}={value}, which conflicts with {key}={into[key]}")
         into[key] = value
 
 
 def placed(job: TrainingJob, where: Placement) -> TrainingJob:
-    """The job as its pods must be made under this admission: Kueue's node labels and tolerations added to its own
-    (a node label the job sets otherwise is a conflict: ValueError)."""
+    """The job as its pods must be made under this admission: Kueue's node labels and tolerations added to its own,
+    and the admission checks' pod labels and annotations (ValueError on a node label the job sets otherwise, or
+    on a label or annotation in the operator's own domain, whose values it decides)."""
     scheduling = job.spec.scheduling
     selector = dict(scheduling.node_selector)
     _merge(selector, where.node_selector, "Kueue's admission")
+    owned = [key for key in (*where.labels, *where.annotations) if key.startswith(api.ANNOTATION_PREFIX)]
+    if owned:
+        raise ValueError(f"an admission check's podSetUpdate sets {owned[0]}, a key the operator owns")
     tolerations = tuple(scheduling.tolerations) + tuple(t for t in where.tolerations if t not in scheduling.tolerations)
-    new_scheduling = replace(scheduling, node_selector=selector, tolerations=tolerations)
+    new_scheduling = replace(scheduling, node_selector=selector, tolerations=tolerations,
+                             pod_labels=dict(where.labels), pod_annotations=dict(where.annotations))
     return replace(job, spec=replace(job.spec, scheduling=new_scheduling))
 
 

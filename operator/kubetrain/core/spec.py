@@ -111,6 +111,9 @@ class Scheduling:
     priority_class_name: str | None
     scheduler_name: str | None
     topology: str | None = None  # a node-label key the whole gang shares (its PodGroup's topology constraint)
+    # Not in the CRD: what Kueue's admission checks add to the pods (podSetUpdates; queueing.placed sets them).
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
