@@ -248,7 +248,7 @@ def placed(job: TrainingJob, where: Placement) -> TrainingJob:
     scheduling = job.spec.scheduling
     selector = dict(scheduling.node_selector)
     _merge(selector, where.node_selector, "Kueue's admission")
-    owned = [key for key in (*where.labels, *where.annotations) if key.startswith(api.ANNOTATION_PREFIX)]
+    owned = [key for key in (*where.labels, *where.annotations) if key.startswith(f"{api.GROUP}/")]
     if owned:
         raise ValueError(f"an admission check's podSetUpdate sets {owned[0]}, a key the operator owns")
     tolerations = tuple(scheduling.tolerations) + tuple(t for t in where.tolerations if t not in scheduling.tolerations)
@@ -315,7 +315,7 @@ def pods_ready_patch(workload: Mapping[str, Json], running: bool, now: datetime)
     the job's phase is Running. None when the condition says so already."""
     current = _condition(workload, PODS_READY)
     value, reason, message = _pods_ready(current, running)
-    if current and (current.get("status") == ("True" if value else "False")) and current.get("reason") == reason:
+    if current and _true(current) == value and current.get("reason") == reason:
         return None
     generation = int(workload["metadata"].get("generation") or 0)
     conditions = _set((workload.get("status") or {}).get("conditions") or [], PODS_READY, value, reason, message,
