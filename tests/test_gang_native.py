@@ -169,7 +169,11 @@ def test_an_elastic_gang_starts_at_its_minimum_and_its_last_pod_joins_when_room_
     blocker = _blocker(jobs, "lab-node-2")
     jobs.create("elastic", spec("import time; time.sleep(600)", nodes=3, resources=NINE_CPUS,
                                 elastic={"minNodes": 2, "maxNodes": 3}))
-    jobs.wait("elastic", lambda s: s.get("phase") == "Running", "the job running on its minimum", timeout=120)
+    status = jobs.wait("elastic", lambda s: s.get("phase") == "Running", "the job running on its minimum",
+                       timeout=120)
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "MinimumPodsRunning", running
+    assert "waiting for 1 pod(s) to be scheduled: elastic-2; the scheduler: " in status["message"], status["message"]
     assert _group(jobs, "elastic-gang-0")["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
     bound = _bound(jobs, "elastic")
     assert sorted(bound.values()) == ["lab-node-0", "lab-node-1"], bound
@@ -179,3 +183,5 @@ def test_an_elastic_gang_starts_at_its_minimum_and_its_last_pod_joins_when_room_
                        timeout=120)
     assert sorted(_bound(jobs, "elastic").values()) == sorted(RACKS)
     assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 0, 0), "it joined; no restart"
+    wait_for(lambda: "AllPodsRunning" in [e["reason"] for e in jobs.events("elastic")], 15,
+             "the event of the last pod joining", interval=0.5)
