@@ -35,9 +35,10 @@ KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "controller/
 # Workloads of the jobs in a Kueue queue.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
          "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL), "workload": (KUEUE.GROUP, KUEUE.WORKLOADS)}
-# Cluster-scoped kinds it reads (client methods without "namespaced"): what a Kueue admission and priority mean.
+# Cluster-scoped kinds it reads (client methods without "namespaced"): what a Kueue admission and priority mean, and
+# which nodes are Ready (a failing node is excluded only while the gang still fits).
 CLUSTER_KINDS = {"resource_flavor": (KUEUE.GROUP, KUEUE.RESOURCE_FLAVORS),
-                 "priority_class": ("scheduling.k8s.io", "priorityclasses")}
+                 "priority_class": ("scheduling.k8s.io", "priorityclasses"), "node": ("", "nodes")}
 CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_(?P<namespaced>namespaced_)?(?P<kind>[a-z_]+?)(?P<status>_status)?$")
 CLIENT_ATTRIBUTES = ("_core", "_custom", "_scheduling", "_priorities", "_kueue")
 

@@ -9,6 +9,9 @@ What the tests see is kube-scheduler's own placement: zero pods bound while a ga
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -187,3 +190,52 @@ def test_an_elastic_gang_starts_at_its_minimum_and_its_last_pod_joins_when_room_
     assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 0, 0), "it joined; no restart"
     wait_for(lambda: "AllPodsRunning" in [e["reason"] for e in jobs.events("elastic")], 15,
              "the event of the last pod joining", interval=0.5)
+
+
+# lab-node-2's "GPU" is broken: the program fails there with a device error, and trains anywhere else.
+BROKEN_ON_NODE_2 = """
+import os, sys
+node = os.environ["KUBETRAIN_NODE_NAME"]
+if node == "lab-node-2":
+    sys.exit("RuntimeError: CUDA error: uncorrectable ECC error encountered")
+print("trained on", node)
+"""
+
+
+def test_a_node_that_keeps_failing_the_job_is_excluded_and_its_next_pod_goes_elsewhere(jobs: Jobs) -> None:
+    # The other two nodes are taken, so the scheduler can only place the pod on lab-node-2, twice.
+    blockers = [_blocker(jobs, node) for node in ("lab-node-0", "lab-node-1")]
+    jobs.create("ecc", spec(BROKEN_ON_NODE_2, nodes=1, resources=NINE_CPUS, failurePolicy={"backoffLimit": 4}))
+    status = jobs.wait("ecc", lambda s: bool(s.get("excludedNodes")), "lab-node-2 excluded", timeout=180)
+    (excluded,) = status["excludedNodes"]
+    assert (excluded["node"], excluded["failures"]) == ("lab-node-2", 2), excluded
+    assert excluded["reason"] == "device or driver error: uncorrectable ECC", excluded
+    assert [(f["node"], f.get("nodeFault")) for f in status["failures"]] == [
+        ("lab-node-2", "device or driver error: uncorrectable ECC")] * 2, status["failures"]
+    assert status["restarts"] == 2
+    # Its next pod may not go there: with the other nodes taken it waits, and the job says why.
+    status = jobs.wait("ecc", lambda s: "this job avoids 1 node(s)" in s.get("message", ""),
+                       "the job saying the exclusion keeps it waiting", timeout=60)
+    assert status["phase"] == "Pending", status
+    assert "didn't match Pod's node affinity" in status["message"], status["message"]
+    (waiting,) = jobs.pods("ecc")
+    assert not waiting["spec"].get("nodeName")
+    terms = waiting["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["lab-node-2"]}]}]}, terms
+    assert "NodeExcluded" in [e["reason"] for e in jobs.events("ecc")]
+
+    jobs.lab.api.delete(f"/api/v1/namespaces/{jobs.namespace}/pods/{blockers[0]}")
+    status = jobs.wait("ecc", lambda s: s.get("phase") == "Succeeded", "the job trained on lab-node-0", timeout=120)
+    assert (status["restarts"], len(status["excludedNodes"])) == (2, 1)
+
+    # The user clears the list (the CLI sets the annotation); the operator forgets the node and says so.
+    cleared = subprocess.run(
+        [sys.executable, "-m", "kubetrain.cli.commands", "clear-excluded-nodes", "ecc", "-n", jobs.namespace],
+        env={**os.environ, "KUBECONFIG": str(jobs.lab.kubeconfig)}, capture_output=True, text=True, timeout=60,
+        check=False)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "node(s) lab-node-2 cleared" in cleared.stdout, cleared.stdout
+    jobs.wait("ecc", lambda s: not s.get("excludedNodes"), "the exclusion forgotten", timeout=30)
+    wait_for(lambda: "ExcludedNodesCleared" in [e["reason"] for e in jobs.events("ecc")], 15,
+             "the event of the clear", interval=0.5)

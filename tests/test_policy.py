@@ -783,6 +783,7 @@ class TestWhichStatusChangesMayWait:
         assert not may_wait(starting, starting | {"conditions": flipped, "message": "x"})
         assert not may_wait(starting, starting | {"restarts": 1})
         assert not may_wait(starting, starting | {"failures": [{"reason": "OOMKilled"}]})
+        assert not may_wait(starting | {"excludedNodes": [{"node": "n"}]}, starting), "a clear: one event"
         done = all_up | {"phase": "Succeeded"}
         assert not may_wait(done, done | {"message": "x"})
 

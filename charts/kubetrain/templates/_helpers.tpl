@@ -196,6 +196,10 @@ the cluster-scoped objects a Kueue admission names.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
   verbs: ["get"]
+# A node that keeps failing a job is avoided only while enough Ready nodes remain for its gang.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
 {{- end }}
 
 {{/*

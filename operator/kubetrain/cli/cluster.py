@@ -2,7 +2,8 @@
 
 One Kubernetes client for the whole project: k8s/transport.py's ``Rest`` (aiohttp) and its login, so the user's
 credentials come from a service account in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config), read by
-kopf's login functions as the operator's are. The CLI only reads; kube.py's calls are the operator's (its RBAC).
+kopf's login functions as the operator's are. The CLI reads, and writes one annotation (clear-excluded-nodes);
+kube.py's calls are the operator's (its RBAC).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import kopf
 
 from kubetrain.core import api
 from kubetrain.core.naming import job_selector
-from kubetrain.k8s.transport import HTTP_GONE, ApiError, Rest, VersionGoneError, login
+from kubetrain.k8s.transport import HTTP_GONE, MERGE_PATCH, ApiError, Rest, VersionGoneError, login
 
 __all__ = ["RECONNECTING", "REFUSALS", "Cluster", "ConnectionLost", "connect"]
 
@@ -68,6 +69,11 @@ class Cluster:
     async def job(self, name: str) -> Json:
         """The TrainingJob ``name``; ApiError 404 when there is none."""
         return await self._rest.request("GET", self._jobs_path(name))
+
+    async def annotate_job(self, name: str, annotations: Mapping[str, str]) -> Json:
+        """Set annotations on the TrainingJob ``name``; ApiError 404 when there is none."""
+        return await self._rest.request("PATCH", self._jobs_path(name), body={"metadata": {"annotations": annotations}},
+                                        content_type=MERGE_PATCH)
 
     async def pods(self, job: Mapping[str, Json]) -> list[Json]:
         """Every pod the operator made for ``job`` (all its attempts still present)."""

@@ -217,5 +217,29 @@ def logs_command(name: str, namespace: str, follow: bool, attempt: int | None, r
     sys.exit(code)
 
 
+@main.command("clear-excluded-nodes")
+@click.argument("name")
+@click.option("--namespace", "-n", default="default", show_default=True)
+def clear_excluded_nodes_command(name: str, namespace: str) -> None:
+    """Let a TrainingJob place its next pods on the nodes it excluded after failures there (status.excludedNodes):
+    the operator forgets those exclusions, and the failures that led to them, up to now."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from kubetrain.cli.cluster import connect
+    from kubetrain.core.nodes import CLEAR_ANNOTATION
+    from kubetrain.core.status import isoformat
+
+    async def clear() -> list[str]:
+        async with connect(namespace) as cluster:
+            job = await cluster.annotate_job(name, {CLEAR_ANNOTATION: isoformat(datetime.now(UTC))})
+        return [entry["node"] for entry in (job.get("status") or {}).get("excludedNodes") or []]
+
+    with _cluster_errors(name, namespace):
+        nodes = asyncio.run(clear())
+    click.echo(f"trainingjob {name}: " + (f"node(s) {', '.join(nodes)} cleared; the operator lets its next pods go "
+                                          "there" if nodes else "no excluded nodes; later failures count afresh"))
+
+
 if __name__ == "__main__":
     main()

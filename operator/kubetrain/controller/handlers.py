@@ -41,6 +41,7 @@ from kubetrain.core.failures import failed_reconcile, recovered, retry_delay, wh
 from kubetrain.core.goodput import worth_writing
 from kubetrain.core.lifecycle import reconcile
 from kubetrain.core.manifests import build_pod, owner_reference
+from kubetrain.core.nodes import excluded_names, needs_ready_nodes, ready_node_names
 from kubetrain.core.spec import SpecError, TrainingJob
 from kubetrain.core.status import PodState, Scrape, merge_patch
 from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Decision, Event, may_wait, must_persist_before_acting
@@ -260,8 +261,9 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     # Kueue's say over a job in its queue; the job placed where it admitted
     gate = await admit(state, record, job, before)
     job = gate.job
+    ready = await _ready_nodes(state, logger) if needs_ready_nodes(pods) else None
     now = datetime.now(UTC)
-    decision = reconcile(job, before, pods, now, progress, queue=gate.admission)
+    decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready)
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
@@ -278,6 +280,15 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
         raise
     await settle(state, record, gate, decision.status, pods)  # its Workload Finished, or its quota given back
     return decision
+
+
+async def _ready_nodes(state: OperatorState, logger: HandlerLogger) -> frozenset[str] | None:
+    """The cluster's Ready nodes; None when they cannot be listed (the core then excludes no node, and says why)."""
+    try:
+        return ready_node_names(await state.kube.list_nodes())
+    except Exception as error:  # e.g. a chart without the nodes rule: failures are still handled, nodes kept
+        logger.warning("cannot list the cluster's nodes: %s", error)
+        return None
 
 
 async def _went_with_its_namespace(state: OperatorState, job: TrainingJob, decision: Decision) -> bool:
@@ -347,8 +358,9 @@ async def _create_attempt(state: OperatorState, record: JobRecord, job: Training
 
 async def _create_pods(state: OperatorState, record: JobRecord, job: TrainingJob, decision: Decision) -> None:
     attempt = int(decision.status["attempt"])
-    new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image, gang=state.config.gangs)
-                for index in decision.create]
+    avoid = excluded_names(decision.status)
+    new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image, gang=state.config.gangs,
+                          avoid=avoid) for index in decision.create]
     record.expected = frozenset(p["metadata"]["name"] for p in new_pods)
     record.expected_until = time.monotonic() + EXPECTATION_TIMEOUT
     try:

@@ -95,12 +95,13 @@ class JobRecord:
     placement: tuple[object, Placement] | None = None
 
     def parsed(self, body: Json) -> TrainingJob:
-        """The job's spec, parsed again only when it changed: its generation, or labels (which bump no
-        generation)."""
+        """The job's spec, parsed again only when it changed: its generation, or labels and annotations (which
+        bump no generation)."""
         metadata = body["metadata"]
         job = self.job
         if (job is None or job.uid != metadata.get("uid") or job.generation != int(metadata.get("generation") or 0)
-                or job.labels != (metadata.get("labels") or {})):
+                or job.labels != (metadata.get("labels") or {})
+                or job.annotations != (metadata.get("annotations") or {})):
             job = self.job = parse(body, check=False)
         return job
 

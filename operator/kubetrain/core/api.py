@@ -128,6 +128,7 @@ class ENV:
     NAMESPACE: Final = "KUBETRAIN_NAMESPACE"
     POD_NAME: Final = "KUBETRAIN_POD_NAME"
     POD_IP: Final = "KUBETRAIN_POD_IP"
+    NODE_NAME: Final = "KUBETRAIN_NODE_NAME"  # the machine the pod runs on (a failure's logs say where)
     NODE_INDEX: Final = "KUBETRAIN_NODE_INDEX"
     ATTEMPT: Final = "KUBETRAIN_ATTEMPT"
     METRICS_PORT: Final = "KUBETRAIN_METRICS_PORT"
@@ -226,3 +227,8 @@ class Reason(StrEnum):
     RENDEZVOUS_TIMEOUT = "RendezvousTimeout"  # the gang did not all join torchrun's rendezvous in time
     # The scheduler cannot place the pods (for a gang: all of them at once); its own message follows.
     UNSCHEDULABLE = "Unschedulable"
+    # A node that failed the job repeatedly is avoided by its next pods, or kept (the gang would not fit without
+    # it); the user cleared the list (nodes.py).
+    NODE_EXCLUDED = "NodeExcluded"
+    NODE_KEPT = "NodeNotExcluded"
+    NODES_CLEARED = "ExcludedNodesCleared"

@@ -8,6 +8,8 @@ Failure taxonomy (decided from pod status, never guessed):
 - torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds), or the agents'
   RendezvousConnectionError while node 0 (the rendezvous host) never started -> Failed at once;
 - more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions).
+A failure that points at its node (nodes.py) is marked so in its record; a node that keeps failing the job is
+avoided by its next pods.
 The first pod to fail names the cause: peers that fail afterwards only lost their rendezvous (a first failure
 that is itself only a consequence, RendezvousClosedError, waits up to CAUSE_WAIT for its cause to be seen).
 
@@ -26,6 +28,7 @@ from kubetrain.core import api
 from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.goodput import record_goodput
 from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX
+from kubetrain.core.nodes import exclude_failing_nodes, node_fault
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
 from kubetrain.core.status_policy import (
@@ -208,8 +211,11 @@ def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, mess
             record["exitCode"] = pod.exit_code
         if pod.message:  # the post-mortem that outlives the pod (`kubetrain logs --attempt N`)
             record["logTail"] = pod.message[-api.LOG_TAIL_CHARS:]
+        if fault := node_fault(pod):
+            record["nodeFault"] = fault
         records.append(record)
     draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
+    exclude_failing_nodes(draft, failed)
 
 
 # --- When carrying out a decision fails -------------------------------------------------------------------

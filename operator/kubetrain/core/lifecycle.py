@@ -25,6 +25,7 @@ from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.failures import gang_restart, handle_failed_pods
 from kubetrain.core.goodput import record_goodput
 from kubetrain.core.naming import job_selector, pod_name
+from kubetrain.core.nodes import excluded_note, forget_cleared
 from kubetrain.core.queueing import Admission, QueueState, hold, record_admission
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time
@@ -53,14 +54,16 @@ def reconcile(
     progress: Progress | Scrape | None = None,
     *,
     queue: Admission | None = None,
+    ready_nodes: frozenset[str] | None = None,
 ) -> Decision:
     """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``.
 
     ``progress``: what a scrape of rank 0 read now (a Progress, or a Scrape that may have failed); None when
     rank 0 was not scraped this time. ``queue``: what Kueue says of the job's Workload (queueing.py); None for
-    a job in no Kueue queue.
+    a job in no Kueue queue. ``ready_nodes``: the cluster's Ready nodes, read when a failure points at a node
+    (a node is excluded only while the gang still fits on the rest).
     """
-    draft = Draft.from_stored(job, status, now)
+    draft = Draft.from_stored(job, status, now, ready_nodes)
     draft.status["observedGeneration"] = job.generation
     draft.status["selector"] = job_selector(job.name, job.uid)
     # Pods of an earlier job of the same name (deleted with --cascade=orphan) are never this job's.
@@ -71,6 +74,7 @@ def reconcile(
     draft.status.setdefault("startTime", isoformat(now))
     if progress is not None:
         record_scrape(draft, progress if isinstance(progress, Scrape) else Scrape(progress=progress))
+    forget_cleared(draft)
 
     phase = draft.status.get("phase")
     if phase in (Phase.SUCCEEDED, Phase.FAILED):
@@ -307,4 +311,4 @@ def _pending_message(draft: Draft, unscheduled: Sequence[PodState]) -> tuple[str
     why = next((p.unschedulable for p in unscheduled if p.unschedulable), None)
     if why is None:
         return message, Reason.PODS_PENDING
-    return f"{message}; the scheduler: {why}", Reason.UNSCHEDULABLE
+    return f"{message}; the scheduler: {why}{excluded_note(draft.status)}", Reason.UNSCHEDULABLE

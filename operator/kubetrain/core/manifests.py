@@ -8,7 +8,7 @@ because restarts are gang restarts decided by the operator, and the restricted P
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kubetrain.core import api
@@ -102,6 +102,7 @@ def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
         {"name": api.ENV.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": api.ENV.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": api.ENV.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": api.ENV.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     return env + [thaw(e) for e in job.spec.env]
 
@@ -174,9 +175,10 @@ def container_image(job: TrainingJob, default_image: str) -> str:
 
 
 def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
-              gang: bool = False) -> dict[str, Json]:
+              gang: bool = False, avoid: Sequence[str] = ()) -> dict[str, Json]:
     """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image;
-    with ``gang`` the pod belongs to its attempt's PodGroup (build_pod_group)."""
+    with ``gang`` the pod belongs to its attempt's PodGroup (build_pod_group); it is not placed on the nodes
+    named in ``avoid`` (the job's status.excludedNodes)."""
     spec = job.spec
     name = pod_name(job.name, index)
     own = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
@@ -218,15 +220,15 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
         }],
         "volumes": volumes,
         "tolerations": _tolerations(job),
-        **_placement(job),
+        **_placement(job, avoid),
     }
     if gang:
         pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(job.name, attempt)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def _placement(job: TrainingJob) -> dict[str, Json]:
-    """The pod spec's scheduling fields: the job's own, else the operator's defaults."""
+def _placement(job: TrainingJob, avoid: Sequence[str]) -> dict[str, Json]:
+    """The pod spec's scheduling fields: the job's own, else the operator's defaults; never on a node to avoid."""
     spec = job.spec
     scheduling = spec.scheduling
     placement: dict[str, Json] = {}
@@ -236,11 +238,27 @@ def _placement(job: TrainingJob) -> dict[str, Json]:
         placement["affinity"] = thaw(scheduling.affinity)
     elif spec.nodes > 1 or spec.elastic is not None:
         placement["affinity"] = _spread(job)
+    if avoid:
+        placement["affinity"] = _avoiding(placement.get("affinity") or {}, avoid)
     if scheduling.priority_class_name:
         placement["priorityClassName"] = scheduling.priority_class_name
     if scheduling.scheduler_name:
         placement["schedulerName"] = scheduling.scheduler_name
     return placement
+
+
+def _avoiding(affinity: Mapping[str, Json], nodes: Sequence[str]) -> dict[str, Json]:
+    """``affinity`` and never on ``nodes``: the rule joins every node selector term (the terms are ORed, so each
+    must carry it). By name (matchFields metadata.name), as a node's hostname label may differ from its name."""
+    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or [{}]]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), rule]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    return {**affinity, "nodeAffinity": node_affinity}
 
 
 def build_pods(job: TrainingJob, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,

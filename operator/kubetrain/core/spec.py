@@ -91,6 +91,7 @@ class FailurePolicy:
     node_lost_timeout_seconds: int
     rendezvous_timeout_seconds: int
     disruption_limit: int
+    exclude_node_after: int  # failures pointing at one node, in distinct attempts, before the job avoids it
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class TrainingJob:
     labels: Mapping[str, str]
     spec: JobSpec
     created: str | None = None  # metadata.creationTimestamp, set by the API server
+    annotations: Mapping[str, str] = field(default_factory=dict)  # which bump no generation either
 
 
 def validate(obj: Json, old: Json = None) -> list[Problem]:
@@ -221,6 +223,7 @@ def parse(obj: Json, old: Json = None, *, check: bool = True) -> TrainingJob:
         labels=_frozen(metadata.get("labels") or {}),
         spec=_job_spec(defaulted["spec"]),
         created=metadata.get("creationTimestamp"),
+        annotations=_frozen(metadata.get("annotations") or {}),
     )
 
 
@@ -270,6 +273,7 @@ def _failure_policy(failure: Mapping[str, Json]) -> FailurePolicy:
         node_lost_timeout_seconds=int(failure["nodeLostTimeoutSeconds"]),
         rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
         disruption_limit=int(failure["disruptionLimit"]),
+        exclude_node_after=int(failure["excludeNodeAfter"]),
     )
 
 

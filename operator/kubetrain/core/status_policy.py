@@ -111,11 +111,14 @@ class Draft:
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
+    # The cluster's Ready nodes open to pods, when the controller read them (nodes.exclude_failing_nodes).
+    ready_nodes: frozenset[str] | None = None
 
     @classmethod
-    def from_stored(cls, job: TrainingJob, status: Mapping[str, Json], now: datetime) -> Draft:
+    def from_stored(cls, job: TrainingJob, status: Mapping[str, Json], now: datetime,
+                    ready_nodes: frozenset[str] | None = None) -> Draft:
         """A draft that starts from a copy of ``status``: the stored one is never changed."""
-        return cls(job=job, now=now, status=_copied(dict(status)))
+        return cls(job=job, now=now, status=_copied(dict(status)), ready_nodes=ready_nodes)
 
     @property
     def attempt(self) -> int:
@@ -326,7 +329,7 @@ def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
     """Whether a status change may be written a moment later, folded into the next one: only pod counts,
     messages or progress moved, or the gang went from Pending to Starting (its pods were placed and start; on a
     node with the image they run within the moment, and the write that says Running is the only one). A flipped
-    condition, any other new phase, a count or a failure is written at once."""
+    condition, any other new phase, a count, a failure or an excluded node is written at once."""
     phase = after.get("phase")
     if not phase or phase in (Phase.SUCCEEDED, Phase.FAILED):
         return False
@@ -334,7 +337,7 @@ def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
         return False
     if any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS):
         return False
-    if (before.get("failures") or []) != (after.get("failures") or []):
+    if any((before.get(key) or []) != (after.get(key) or []) for key in ("failures", "excludedNodes")):
         return False
     return _condition_states(before) == _condition_states(after)
 

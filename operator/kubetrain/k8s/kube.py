@@ -93,6 +93,9 @@ class _CoreV1:
     async def list_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> Json:
         return await self._rest.request("GET", self._path(namespace, "pods"), params=params)
 
+    async def list_node(self, params: Mapping[str, str]) -> Json:
+        return await self._rest.request("GET", "/api/v1/nodes", params=params)
+
     def watch_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> AsyncIterator[Json]:
         return self._rest.stream(self._path(namespace, "pods"), {**params, "watch": "true"})
 
@@ -335,6 +338,18 @@ class Kube:
             after = page["metadata"].get("continue")
             if not after:
                 return pods, page["metadata"]["resourceVersion"]
+            params = {**params, "continue": after}
+
+    async def list_nodes(self) -> list[Json]:
+        """Every node of the cluster, page by page (read only when a failure points at a node: core/nodes.py)."""
+        nodes: list[Json] = []
+        params = {"limit": str(LIST_PAGE)}
+        while True:
+            page = await self._core.list_node(params)
+            nodes += page.get("items") or []
+            after = page["metadata"].get("continue")
+            if not after:
+                return nodes
             params = {**params, "continue": after}
 
     def watch_pods(self, namespace: str | None, selector: str, version: str) -> AsyncIterator[Json]:

@@ -1,0 +1,177 @@
+"""Nodes that keep failing one job: which failures point at the node, when the job stops using it, and when it
+forgets.
+
+A failure points at its node when the node stopped answering (NotReady or unreachable: the taint manager evicted
+the pod), when the kubelet could not give the pod its devices, or when the pod's last words are a device or
+driver error (an uncorrectable ECC error, a GPU fallen off the bus, NVML or the GPU container hook failing). The
+failure record says so (``nodeFault``). A node with such failures in failurePolicy.excludeNodeAfter distinct
+attempts goes into status.excludedNodes, and the job's next pods are not placed there (manifests.build_pod's
+``avoid``). Never so many that fewer ready nodes remain than the gang needs: then the node stays usable and the
+job says why. The annotation kubetrain.io/clear-excluded-nodes (a time) forgets exclusions and faults up to it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kubetrain.core import api
+from kubetrain.core.api import Reason
+from kubetrain.core.status import PodState, isoformat, parse_time
+from kubetrain.core.status_policy import Draft, Event
+
+__all__ = [
+    "CLEAR_ANNOTATION",
+    "MAX_EXCLUDED_NODES",
+    "exclude_failing_nodes",
+    "excluded_names",
+    "excluded_note",
+    "forget_cleared",
+    "needs_ready_nodes",
+    "node_fault",
+    "ready_node_names",
+]
+
+Json = Any
+
+# Set to a time (RFC 3339): the job forgets the nodes it excluded, and the faults it saw, up to then.
+CLEAR_ANNOTATION = f"{api.ANNOTATION_PREFIX}clear-excluded-nodes"
+# status.excludedNodes stays small whatever happens (the CRD's maxItems).
+MAX_EXCLUDED_NODES = 64
+
+# Pod reasons of a kubelet that could not start the pod with its devices.
+_NODE_REASONS = {"UnexpectedAdmissionError": "the kubelet could not give the pod its devices"}
+# Last words that name the machine's GPU or driver, not the program (matched case-insensitively).
+_DEVICE_ERROR = re.compile(
+    r"uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|Xid \d+|Failed to initialize NVML|NVML: |"
+    r"nvidia-container-cli|driver/library version mismatch|CUDA driver version is insufficient|"
+    r"no CUDA-capable device is detected",
+    re.IGNORECASE,
+)
+
+
+def node_fault(pod: PodState) -> str | None:
+    """Why this failed pod's end points at its node, not at the program; None when it does not."""
+    if not pod.node:
+        return None
+    if pod.node_lost:
+        return "the node stopped answering (NotReady or unreachable)"
+    if pod.reason in _NODE_REASONS:
+        return _NODE_REASONS[pod.reason]
+    found = _DEVICE_ERROR.search(pod.message or "")
+    return f"device or driver error: {found.group(0)}" if found else None
+
+
+def needs_ready_nodes(pods: Iterable[PodState]) -> bool:
+    """Whether a pod's end points at its node: the reconcile may exclude the node, if the gang still fits."""
+    return any((p.phase == "Failed" or p.deleting) and node_fault(p) for p in pods)
+
+
+def excluded_names(status: Mapping[str, Json]) -> list[str]:
+    """The nodes the job's next pods must avoid."""
+    return [entry["node"] for entry in status.get("excludedNodes") or []]
+
+
+def _cleared_at(draft: Draft) -> datetime | None:
+    text = draft.job.annotations.get(CLEAR_ANNOTATION)
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None  # not a time: nothing is forgotten (the CLI writes one)
+
+
+def forget_cleared(draft: Draft) -> None:
+    """Drop the exclusions made up to the clear annotation's time."""
+    cleared = _cleared_at(draft)
+    excluded = draft.status.get("excludedNodes") or []
+    if cleared is None or not excluded:
+        return
+    kept = [e for e in excluded if (parse_time(e.get("time")) or cleared) > cleared]
+    if len(kept) == len(excluded):
+        return
+    gone = ", ".join(e["node"] for e in excluded if e not in kept)
+    draft.status["excludedNodes"] = kept
+    draft.events.append(Event("Normal", Reason.NODES_CLEARED,
+                              f"excluded node(s) {gone} cleared by {CLEAR_ANNOTATION}: the next pods may go there"))
+
+
+def exclude_failing_nodes(draft: Draft, failed: Sequence[PodState]) -> None:
+    """After the failures of ``failed`` were recorded: exclude each of their nodes that has now failed the job
+    in excludeNodeAfter attempts, unless too few ready nodes would remain for the gang."""
+    threshold = draft.job.spec.failure_policy.exclude_node_after
+    before = list(draft.status.get("excludedNodes") or [])
+    excluded = list(before)
+    faulty = {p.node for p in failed if p.node and node_fault(p)} - {e["node"] for e in excluded}
+    if not threshold or not faulty:
+        return
+    for node in sorted(faulty):
+        attempts = _faulty_attempts(draft, node)
+        if len(attempts) < threshold:
+            continue
+        why = _last_fault(draft, node)
+        refusal = _refusal(draft, [*(e["node"] for e in excluded), node])
+        if refusal is not None:
+            draft.events.append(Event("Warning", Reason.NODE_KEPT,
+                                      f"node {node} failed this job in {len(attempts)} attempts ({why}), but is "
+                                      f"not excluded: {refusal}"))
+            continue
+        excluded.append({"node": node, "reason": why[:256], "failures": len(attempts), "time": isoformat(draft.now)})
+        draft.events.append(Event("Warning", Reason.NODE_EXCLUDED,
+                                  f"node {node} excluded from this job's next placements after failures in "
+                                  f"{len(attempts)} attempts ({why}); clear with `kubetrain clear-excluded-nodes`"))
+    if excluded != before:
+        draft.status["excludedNodes"] = excluded
+
+
+def _node_faults(draft: Draft, node: str) -> Iterable[Mapping[str, Json]]:
+    """This node's fault records since the last clear."""
+    cleared = _cleared_at(draft)
+    for record in draft.status.get("failures") or []:
+        if record.get("node") != node or not record.get("nodeFault"):
+            continue
+        if cleared is None or (parse_time(record.get("time")) or draft.now) > cleared:
+            yield record
+
+
+def _faulty_attempts(draft: Draft, node: str) -> set[int]:
+    return {int(r.get("attempt", 0)) for r in _node_faults(draft, node)}
+
+
+def _last_fault(draft: Draft, node: str) -> str:
+    return str([r["nodeFault"] for r in _node_faults(draft, node)][-1])
+
+
+def _refusal(draft: Draft, excluded: Sequence[str]) -> str | None:
+    """Why these exclusions must not be made (None: they may): the gang needs a ready node for each pod."""
+    ready = draft.ready_nodes
+    if ready is None:
+        return "the operator could not list the cluster's nodes to check that the gang would still fit"
+    spec = draft.job.spec
+    needed = spec.elastic.min_nodes if spec.elastic else spec.nodes
+    left = len(ready - set(excluded))
+    if left < needed:
+        return f"only {left} ready node(s) would be left for the {needed} pod(s) the job needs"
+    if len(excluded) > MAX_EXCLUDED_NODES:
+        return f"the job already avoids {MAX_EXCLUDED_NODES} nodes, the most it records"
+    return None
+
+
+def excluded_note(status: Mapping[str, Json]) -> str:
+    """What a job waiting for placement adds about the nodes it avoids ('' when none)."""
+    names = excluded_names(status)
+    if not names:
+        return ""
+    return (f"; this job avoids {len(names)} node(s) after failures there ({', '.join(names[:5])}: "
+            "status.excludedNodes; `kubetrain clear-excluded-nodes` lets it use them again)")
+
+
+def ready_node_names(nodes: Iterable[Mapping[str, Json]]) -> frozenset[str]:
+    """The nodes (as the API lists them) that are Ready and open to new pods."""
+    return frozenset(
+        node["metadata"]["name"] for node in nodes
+        if not (node.get("spec") or {}).get("unschedulable")
+        and any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or [])
+    )
