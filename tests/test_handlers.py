@@ -49,6 +49,7 @@ class FakeCluster:
     faults: dict[str, Callable[[], None]] = field(default_factory=dict)
     workloads: dict[str, Json] = field(default_factory=dict)  # Kueue's Workloads, by name
     flavors: dict[str, Json] = field(default_factory=dict)  # Kueue's ResourceFlavors, by name
+    nodes: list[str] = field(default_factory=lambda: ["node-0", "node-1", "node-2"])  # all Ready
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(name)
@@ -97,6 +98,11 @@ class FakeCluster:
 
     def _read_resource_flavor(self, name: str) -> Json:
         return self.flavors[name]
+
+    def _list_node(self, _params: Json) -> Json:
+        ready = [{"type": "Ready", "status": "True"}]
+        return {"metadata": {}, "items": [{"metadata": {"name": n}, "status": {"conditions": ready}}
+                                          for n in self.nodes]}
 
 
 class ShownPods(dict[tuple[str, str], list[Any]]):
@@ -709,3 +715,42 @@ def test_an_admitted_job_reads_its_flavors_once_per_admission(run: Any) -> None:
     cluster.workloads[again["metadata"]["name"]] = again
     _kueue_changes(state, again, cluster)
     assert cluster.calls.count("read_resource_flavor") == 2
+
+
+ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+def _failed_on_node_1_again() -> FakeCluster:
+    """A job whose pod failed on node-1 with a GPU error in attempt 0, and again now in attempt 1."""
+    earlier = {"attempt": 0, "pod": "valid-1", "node": "node-1", "reason": "Error", "counted": True,
+               "time": "2026-11-01T10:03:00Z", "message": "x", "nodeFault": "device or driver error: uncorrectable ECC"}
+    body = job_body(phase="Running", attempt=1, restarts=1, startTime="2026-11-01T10:00:00Z",
+                    runningTime="2026-11-01T10:01:00Z", nodes={"desired": 2}, failures=[earlier])
+    pods = [pod(0, attempt=1, job_uid="uid-1"),
+            pod(1, "Failed", exit_code=1, message=ECC, node="node-1", attempt=1, job_uid="uid-1")]
+    return FakeCluster(body, pods=pods)
+
+
+def test_a_node_failing_the_job_again_is_excluded_and_the_next_pods_avoid_it(run: Any) -> None:
+    cluster = _failed_on_node_1_again()
+    state = run(cluster)
+    assert cluster.calls.count("list_node") == 1, "a failure that points at its node: are there nodes enough?"
+    assert [e["node"] for e in cluster.job["status"]["excludedNodes"]] == ["node-1"]
+    assert cluster.pods == [], "the gang restarts"
+    run(cluster, state)
+    assert cluster.calls.count("list_node") == 1, "no failed pod: the nodes are not read"
+    for made in cluster.pods:
+        terms = made["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchFields"] == [
+            {"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}]
+    assert len(cluster.pods) == 2
+
+
+def test_nodes_that_cannot_be_listed_exclude_nothing_and_the_restart_goes_on(
+        run: Any, caplog: pytest.LogCaptureFixture) -> None:
+    cluster = _failed_on_node_1_again()
+    cluster.faults["list_node"] = lambda: (_ for _ in ()).throw(ApiError(403, "Forbidden", "nodes is forbidden"))
+    run(cluster)
+    assert "excludedNodes" not in cluster.job["status"]
+    assert cluster.job["status"]["phase"] == "Restarting" and cluster.job["status"]["restarts"] == 2
+    assert any("cannot list the cluster's nodes" in r.getMessage() for r in warnings(caplog))
