@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kubetrain.core import api
+
 Json = Any
 
 
@@ -71,7 +73,7 @@ def _both(*changes: Callable[[dict[str, Json]], None]) -> Callable[[dict[str, Js
 
 INVALID: list[Case] = [
     Case("zero-nodes", _set("spec.nodes", 0), "spec.nodes"),
-    Case("too-many-nodes", _set("spec.nodes", 513), "spec.nodes"),
+    Case("too-many-nodes", _set("spec.nodes", api.MAX_NODES + 1), "spec.nodes"),
     Case("nodes-not-integer", _set("spec.nodes", "two"), "spec.nodes"),
     Case("negative-gpus", _set("spec.gpusPerNode", -1), "spec.gpusPerNode"),
     Case("too-many-gpus", _set("spec.gpusPerNode", 17), "spec.gpusPerNode"),

@@ -67,10 +67,16 @@ SHM_VOLUME: Final = "dshm"
 CHECKPOINT_VOLUME: Final = "checkpoints"
 DATA_VOLUME: Final = "data"
 
-# Longest TrainingJob name: pods are "<name>-<index>" (index < 1000) and must stay DNS labels
+# Longest TrainingJob name: pods are "<name>-<index>" (index < MAX_NODES) and must stay DNS labels
 # (63 characters); the margin leaves room for "-<index>" and label values built from the name.
 MAX_NAME_LENGTH: Final = 50
-MAX_NODES: Final = 512
+MAX_NODES: Final = 4096  # the CRD's bound on spec.nodes and the elastic range
+# Names a status message or event lists before it says "and N more" (a 4,096-pod gang's names would not fit).
+MAX_NAMES_LISTED: Final = 5
+# Characters of status.message (the CRD's maxLength: a longer one would have the whole status write refused).
+MAX_STATUS_MESSAGE: Final = 1024
+# Characters of a condition's message (the CRD allows 32768; a status stays small whatever the job's size).
+MAX_CONDITION_MESSAGE: Final = 4096
 MAX_FAILURES_KEPT: Final = 20
 # Characters of a failed pod's termination message kept in its failure record (the kubelet keeps at most 4096).
 LOG_TAIL_CHARS: Final = 2048

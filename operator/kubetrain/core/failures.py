@@ -30,7 +30,14 @@ from kubetrain.core.goodput import record_goodput
 from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX
 from kubetrain.core.nodes import exclude_failing_nodes, node_fault
 from kubetrain.core.spec import TrainingJob
-from kubetrain.core.status import RENDEZVOUS_CLOSED_ERROR, RENDEZVOUS_CONNECTION_ERROR, FailureKind, PodState, isoformat
+from kubetrain.core.status import (
+    RENDEZVOUS_CLOSED_ERROR,
+    RENDEZVOUS_CONNECTION_ERROR,
+    FailureKind,
+    PodState,
+    isoformat,
+    some_names,
+)
 from kubetrain.core.status_policy import (
     Decision,
     Draft,
@@ -147,7 +154,7 @@ def _rendezvous_timeout_message(draft: Draft, current: Sequence[PodState], first
     unstarted = [p.name for p in current if p.phase == "Pending" or (late and p.index == RENDEZVOUS_HOST_INDEX)
                  or _started_after_a_peer_gave_up(p, first)]
     if unstarted:
-        where = f"pod(s) {', '.join(unstarted)} never started in time (see their events: unschedulable, image pull)"
+        where = f"pod(s) {some_names(unstarted)} never started in time (see their events: unschedulable, image pull)"
     else:
         where = "every pod started, but not all of them joined (see `kubetrain logs`)"
     return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
@@ -267,7 +274,7 @@ def failed_reconcile(job: TrainingJob, status: Mapping[str, Json], pods: Sequenc
         return draft.decision()
     message = f"retrying in {retry_in:.0f}s: {what} failed: {failure.message}"
     draft.condition(ConditionType.RECONCILE_ERROR, True, reason, message)
-    draft.status["message"] = message[:1024]
+    draft.status["message"] = message[:api.MAX_STATUS_MESSAGE]
     draft.events.append(Event("Warning", reason, f"{what} failed: {failure.message}"[:1024]))
     return draft.decision()
 
@@ -282,7 +289,7 @@ def while_retrying(status: Mapping[str, Json]) -> dict[str, Json]:
     error = _reconcile_error(status)
     if error is None or status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
         return dict(status)
-    return {**status, "message": error.get("message", "")}
+    return {**status, "message": str(error.get("message", ""))[:api.MAX_STATUS_MESSAGE]}
 
 
 def recovered(job: TrainingJob, status: Mapping[str, Json], now: datetime) -> dict[str, Json]:

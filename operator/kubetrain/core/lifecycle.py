@@ -28,7 +28,7 @@ from kubetrain.core.naming import job_selector, pod_name
 from kubetrain.core.nodes import excluded_note, forget_cleared
 from kubetrain.core.queueing import Admission, QueueState, hold, record_admission
 from kubetrain.core.spec import TrainingJob
-from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time
+from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time, some_names
 from kubetrain.core.status_policy import (
     Decision,
     Draft,
@@ -175,7 +175,7 @@ def _handle_lost_or_extra(draft: Draft, current: Sequence[PodState]) -> bool:
     lost = [i for i in range(min(previous_desired, spec.nodes)) if i not in present]
     if was_complete and lost:
         gang_restart(draft, current, Reason.DISRUPTED,
-                     f"pod(s) {', '.join(str(i) for i in lost)} disappeared", counted=False)
+                     f"pod(s) {some_names([str(i) for i in lost])} disappeared", counted=False)
         return True
     # The operator deletes pods only after moving to the next attempt: a pod of this attempt that is
     # being deleted was evicted, preempted or removed with its node (the taint manager) by someone else.
@@ -231,7 +231,7 @@ def _shrink_in_place(draft: Draft, current: Sequence[PodState]) -> list[PodState
     nodes = draft.job.spec.nodes
     leaving = [p for p in current if p.index >= nodes]
     if any(not p.deleting for p in leaving):
-        names = ", ".join(p.name for p in leaving)
+        names = some_names([p.name for p in leaving])
         draft.events.append(Event("Normal", Reason.SCALED_DOWN,
                                   f"scaling in place to {nodes} nodes: deleting pod(s) {names}; the others "
                                   "re-rendezvous at the same attempt"))
@@ -246,7 +246,7 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
     missing = [i for i in range(spec.nodes) if i not in present]
     waiting_for = [pod_name(draft.job.name, i) for i in missing if pod_name(draft.job.name, i) in blocked]
     if waiting_for:  # the gang starts whole: create none of its pods until every name is free
-        message = (f"waiting for pod(s) {', '.join(waiting_for[:5])} of a previous job named {draft.job.name} "
+        message = (f"waiting for pod(s) {some_names(waiting_for)} of a previous job named {draft.job.name} "
                    "to be deleted")
         draft.phase(Phase.PENDING, message)
         draft.condition(ConditionType.RUNNING, False, Reason.PREVIOUS_JOB_PODS, message)
@@ -288,8 +288,8 @@ def _report_running(draft: Draft, message: str, reason: Reason) -> None:
     if draft.status.get("phase") != Phase.RUNNING or joined:
         draft.events.append(Event("Normal", reason, message[:1024]))
     draft.phase(Phase.RUNNING, message)
-    draft.condition(ConditionType.RUNNING, True, reason, message[:4096])
-    draft.condition(ConditionType.RESTARTING, False, reason, message[:4096])
+    draft.condition(ConditionType.RUNNING, True, reason, message)
+    draft.condition(ConditionType.RESTARTING, False, reason, message)
     draft.status.setdefault("runningTime", isoformat(draft.now))
     policy = draft.job.spec.failure_policy
     if policy.stall_timeout_seconds:
@@ -300,14 +300,14 @@ def _report_running(draft: Draft, message: str, reason: Reason) -> None:
 def _report_pending(draft: Draft, unscheduled: Sequence[PodState]) -> None:
     message, reason = _pending_message(draft, unscheduled)
     draft.phase(Phase.PENDING, message)
-    draft.condition(ConditionType.RUNNING, False, reason, message[:4096])
+    draft.condition(ConditionType.RUNNING, False, reason, message)
 
 
 def _pending_message(draft: Draft, unscheduled: Sequence[PodState]) -> tuple[str, Reason]:
     """The pods not placed yet, and the scheduler's reason when it said it cannot place them (for a gang,
     kube-scheduler's PodGroup message: minCount cannot be satisfied, no feasible placement...)."""
     waiting = [*(p.name for p in unscheduled), *(pod_name(draft.job.name, i) for i in draft.create)]
-    message = f"waiting for {len(waiting)} pod(s) to be scheduled: {', '.join(waiting[:5])}"
+    message = f"waiting for {len(waiting)} pod(s) to be scheduled: {some_names(waiting)}"
     why = next((p.unschedulable for p in unscheduled if p.unschedulable), None)
     if why is None:
         return message, Reason.PODS_PENDING

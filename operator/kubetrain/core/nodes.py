@@ -19,7 +19,7 @@ from typing import Any
 
 from kubetrain.core import api
 from kubetrain.core.api import Reason
-from kubetrain.core.status import PodState, isoformat, parse_time
+from kubetrain.core.status import PodState, isoformat, parse_time, some_names
 from kubetrain.core.status_policy import Draft, Event
 
 __all__ = [
@@ -43,13 +43,12 @@ MAX_EXCLUDED_NODES = 64
 
 # Pod reasons of a kubelet that could not start the pod with its devices.
 _NODE_REASONS = {"UnexpectedAdmissionError": "the kubelet could not give the pod its devices"}
-# Last words that name the machine's GPU or driver, not the program (matched case-insensitively).
-_DEVICE_ERROR = re.compile(
-    r"uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|Xid \d+|Failed to initialize NVML|NVML: |"
-    r"nvidia-container-cli|driver/library version mismatch|CUDA driver version is insufficient|"
-    r"no CUDA-capable device is detected",
-    re.IGNORECASE,
-)
+# Last words that name the machine's GPU or driver, not the program (matched case-insensitively, in the part of
+# the message a failure record keeps: a whole log's tail would cost milliseconds per pod of a large gang).
+_DEVICE_ERRORS = ("uncorrectable ecc", "ecc error", "fallen off the bus", "gpu is lost", "failed to initialize nvml",
+                  "nvml: ", "nvidia-container-cli", "driver/library version mismatch",
+                  "cuda driver version is insufficient", "no cuda-capable device is detected")
+_XID = re.compile(r"\bxid \d+")  # the driver's numbered GPU errors, as dmesg and NVML report them
 
 
 def node_fault(pod: PodState) -> str | None:
@@ -60,8 +59,13 @@ def node_fault(pod: PodState) -> str | None:
         return "the node stopped answering (NotReady or unreachable)"
     if pod.reason in _NODE_REASONS:
         return _NODE_REASONS[pod.reason]
-    found = _DEVICE_ERROR.search(pod.message or "")
-    return f"device or driver error: {found.group(0)}" if found else None
+    words = (pod.message or "")[-api.LOG_TAIL_CHARS:]
+    lowered = words.lower()
+    for marker in _DEVICE_ERRORS:
+        if (at := lowered.find(marker)) >= 0:
+            return f"device or driver error: {words[at:at + len(marker)]}"
+    xid = _XID.search(lowered) if "xid" in lowered else None
+    return f"device or driver error: {words[xid.start():xid.end()]}" if xid else None
 
 
 def needs_ready_nodes(pods: Iterable[PodState]) -> bool:
@@ -91,7 +95,7 @@ def forget_cleared(draft: Draft) -> None:
     kept = [e for e in excluded if (parse_time(e.get("time")) or cleared) > cleared]
     if len(kept) == len(excluded):
         return
-    gone = ", ".join(e["node"] for e in excluded if e not in kept)
+    gone = some_names([e["node"] for e in excluded if e not in kept])
     draft.status["excludedNodes"] = kept
     draft.events.append(Event("Normal", Reason.NODES_CLEARED,
                               f"excluded node(s) {gone} cleared by {CLEAR_ANNOTATION}: the next pods may go there"))
@@ -163,7 +167,7 @@ def excluded_note(status: Mapping[str, Json]) -> str:
     names = excluded_names(status)
     if not names:
         return ""
-    return (f"; this job avoids {len(names)} node(s) after failures there ({', '.join(names[:5])}: "
+    return (f"; this job avoids {len(names)} node(s) after failures there ({some_names(names)}: "
             "status.excludedNodes; `kubetrain clear-excluded-nodes` lets it use them again)")
 
 

@@ -369,8 +369,8 @@ def hold(draft: Draft, pods: Sequence[PodState], admission: Admission) -> None:
         draft.events.append(Event("Warning" if evicted else "Normal", "Evicted" if evicted else "Queued",
                                   message[:1024]))
     draft.phase(Phase.QUEUED, message)
-    draft.condition(ConditionType.ADMITTED, False, admission.reason, message[:4096])
-    draft.condition(ConditionType.RUNNING, False, admission.reason, message[:4096])
+    draft.condition(ConditionType.ADMITTED, False, admission.reason, message)
+    draft.condition(ConditionType.RUNNING, False, admission.reason, message)
     draft.status["nodes"] = count_nodes(draft.job.spec.nodes, [p for p in pods if not p.deleting]).as_status()
     draft.status["gpus"] = 0
 

@@ -85,6 +85,8 @@ def render_reference() -> str:
         "",
         "## status (written by the operator)",
         "",
+        status.get("description", ""),
+        "",
         header,
         *_rows(status, "status", set()),
         "",

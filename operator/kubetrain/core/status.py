@@ -29,6 +29,7 @@ __all__ = [
     "pod_state",
     "progress_status",
     "set_condition",
+    "some_names",
 ]
 
 Json = Any
@@ -38,6 +39,13 @@ def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def some_names(names: Sequence[str]) -> str:
+    """The first few names, and how many more: a message about a 4,096-pod gang stays short."""
+    shown = ", ".join(names[:api.MAX_NAMES_LISTED])
+    more = len(names) - api.MAX_NAMES_LISTED
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 def isoformat(moment: datetime) -> str:

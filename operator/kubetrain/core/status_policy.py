@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from kubetrain.core import api
 from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import (
@@ -130,7 +131,7 @@ class Draft:
 
     def condition(self, kind: str, value: bool, reason: str, message: str) -> None:
         self.status["conditions"] = set_condition(
-            self.status.get("conditions", []), kind, value, reason, message, now=self.now,
+            self.status.get("conditions", []), kind, value, reason, message[:api.MAX_CONDITION_MESSAGE], now=self.now,
             generation=self.job.generation
         )
 
@@ -138,7 +139,7 @@ class Draft:
         if self.status.get("phase") != phase and event is not None:
             self.events.append(event)
         self.status["phase"] = str(phase)
-        self.status["message"] = message[:1024]
+        self.status["message"] = message[:api.MAX_STATUS_MESSAGE]
 
     def requeue(self, seconds: float) -> None:
         seconds = max(1.0, seconds)
@@ -146,9 +147,11 @@ class Draft:
 
     def remove(self, pods: Sequence[PodState]) -> None:
         """Delete pods gracefully; force-delete those stuck terminating on a lost node."""
+        taken = {*self.delete, *self.force_delete}  # a set: a 4,096-pod gang is removed in one pass
         for pod in pods:
-            if pod.name in self.delete or pod.name in self.force_delete:
+            if pod.name in taken:
                 continue
+            taken.add(pod.name)
             if not pod.deleting:
                 self.delete.append(pod.name)
             elif _fenced(pod) and pod.deletion_time is not None and self.now >= pod.deletion_time + FORCE_DELETE_AFTER:
