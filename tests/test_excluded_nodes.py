@@ -71,7 +71,8 @@ def messages(decision: Decision) -> str:
 def test_which_failures_point_at_the_node(the_pod: Json, fault: str | None) -> None:
     (state,) = states(the_pod)
     assert node_fault(state) == fault
-    assert needs_ready_nodes([state]) is (fault is not None)
+    assert needs_ready_nodes([state], 0) is (fault is not None)
+    assert not needs_ready_nodes([state], 1), "a pod of an earlier attempt was recorded when it failed"
 
 
 def test_a_node_failing_the_job_in_two_attempts_is_excluded_and_said() -> None:

@@ -101,8 +101,8 @@ class FakeCluster:
 
     def _list_node(self, _params: Json) -> Json:
         ready = [{"type": "Ready", "status": "True"}]
-        return {"metadata": {}, "items": [{"metadata": {"name": n}, "status": {"conditions": ready}}
-                                          for n in self.nodes]}
+        nodes = [{"metadata": {"name": n}, "status": {"conditions": ready}} for n in self.nodes]
+        return {"metadata": {"resourceVersion": "1"}, "items": nodes}
 
 
 class ShownPods(dict[tuple[str, str], list[Any]]):

@@ -261,7 +261,7 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     # Kueue's say over a job in its queue; the job placed where it admitted
     gate = await admit(state, record, job, before)
     job = gate.job
-    ready = await _ready_nodes(state, logger) if needs_ready_nodes(pods) else None
+    ready = await _ready_nodes(state, logger) if needs_ready_nodes(pods, int(before.get("attempt", 0))) else None
     now = datetime.now(UTC)
     decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready)
     if await _went_with_its_namespace(state, job, decision):

@@ -210,6 +210,7 @@ def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, mess
     base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
                              "time": isoformat(draft.now), "message": message[:1024]}
     records = list(draft.status.get("failures", []))
+    earlier = len(records)
     if not failed:
         records.append(base)
     for pod in failed:
@@ -222,7 +223,7 @@ def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, mess
             record["nodeFault"] = fault
         records.append(record)
     draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
-    exclude_failing_nodes(draft, failed)
+    exclude_failing_nodes(draft, records[earlier:])
 
 
 # --- When carrying out a decision fails -------------------------------------------------------------------

@@ -68,9 +68,11 @@ def node_fault(pod: PodState) -> str | None:
     return f"device or driver error: {words[xid.start():xid.end()]}" if xid else None
 
 
-def needs_ready_nodes(pods: Iterable[PodState]) -> bool:
-    """Whether a pod's end points at its node: the reconcile may exclude the node, if the gang still fits."""
-    return any((p.phase == "Failed" or p.deleting) and node_fault(p) for p in pods)
+def needs_ready_nodes(pods: Iterable[PodState], attempt: int) -> bool:
+    """Whether a pod of the current ``attempt`` ended in a way that points at its node: this reconcile may
+    exclude the node, if the gang still fits. (Once the restart moved to the next attempt, the old pods going
+    away are recorded already: no reason to read the nodes again.)"""
+    return any(p.attempt == attempt and (p.phase == "Failed" or p.deleting) and node_fault(p) for p in pods)
 
 
 def excluded_names(status: Mapping[str, Json]) -> list[str]:
@@ -101,20 +103,21 @@ def forget_cleared(draft: Draft) -> None:
                               f"excluded node(s) {gone} cleared by {CLEAR_ANNOTATION}: the next pods may go there"))
 
 
-def exclude_failing_nodes(draft: Draft, failed: Sequence[PodState]) -> None:
-    """After the failures of ``failed`` were recorded: exclude each of their nodes that has now failed the job
-    in excludeNodeAfter attempts, unless too few ready nodes would remain for the gang."""
+def exclude_failing_nodes(draft: Draft, recorded: Sequence[Mapping[str, Json]]) -> None:
+    """After the failure records ``recorded`` were added: exclude each node that a fault among them points at
+    and that has now failed the job in excludeNodeAfter attempts, unless too few ready nodes would remain."""
     threshold = draft.job.spec.failure_policy.exclude_node_after
     before = list(draft.status.get("excludedNodes") or [])
     excluded = list(before)
-    faulty = {p.node for p in failed if p.node and node_fault(p)} - {e["node"] for e in excluded}
+    faulty = {r["node"] for r in recorded if r.get("nodeFault")} - {e["node"] for e in excluded}
     if not threshold or not faulty:
         return
     for node in sorted(faulty):
-        attempts = _faulty_attempts(draft, node)
+        faults = list(_node_faults(draft, node))
+        attempts = {int(r.get("attempt", 0)) for r in faults}
         if len(attempts) < threshold:
             continue
-        why = _last_fault(draft, node)
+        why = str(faults[-1]["nodeFault"])
         refusal = _refusal(draft, [*(e["node"] for e in excluded), node])
         if refusal is not None:
             draft.events.append(Event("Warning", Reason.NODE_KEPT,
@@ -137,14 +140,6 @@ def _node_faults(draft: Draft, node: str) -> Iterable[Mapping[str, Json]]:
             continue
         if cleared is None or (parse_time(record.get("time")) or draft.now) > cleared:
             yield record
-
-
-def _faulty_attempts(draft: Draft, node: str) -> set[int]:
-    return {int(r.get("attempt", 0)) for r in _node_faults(draft, node)}
-
-
-def _last_fault(draft: Draft, node: str) -> str:
-    return str([r["nodeFault"] for r in _node_faults(draft, node)][-1])
 
 
 def _refusal(draft: Draft, excluded: Sequence[str]) -> str | None:

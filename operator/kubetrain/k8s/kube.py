@@ -8,7 +8,8 @@ all importable from here, the transport's (ApiError, VersionGoneError) with the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Mapping
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -330,27 +331,13 @@ class Kube:
     async def list_pods(self, namespace: str | None, selector: str) -> tuple[list[Json], str]:
         """The pods that match the label selector, in one namespace or (None) all, page by page; and the
         resourceVersion to watch them from."""
-        pods: list[Json] = []
-        params = {"labelSelector": selector, "limit": str(LIST_PAGE)}
-        while True:
-            page = await self._core.list_namespaced_pod(namespace, params)
-            pods += page.get("items") or []
-            after = page["metadata"].get("continue")
-            if not after:
-                return pods, page["metadata"]["resourceVersion"]
-            params = {**params, "continue": after}
+        return await _all_pages(functools.partial(self._core.list_namespaced_pod, namespace),
+                                {"labelSelector": selector})
 
     async def list_nodes(self) -> list[Json]:
         """Every node of the cluster, page by page (read only when a failure points at a node: core/nodes.py)."""
-        nodes: list[Json] = []
-        params = {"limit": str(LIST_PAGE)}
-        while True:
-            page = await self._core.list_node(params)
-            nodes += page.get("items") or []
-            after = page["metadata"].get("continue")
-            if not after:
-                return nodes
-            params = {**params, "continue": after}
+        nodes, _ = await _all_pages(self._core.list_node, {})
+        return nodes
 
     def watch_pods(self, namespace: str | None, selector: str, version: str) -> AsyncIterator[Json]:
         """The pods' changes after ``version``, with bookmarks, until the API server ends the watch (see
@@ -396,3 +383,17 @@ async def _none_if_missing(read: Awaitable[Json]) -> Json | None:
 def _raise_unless_missing(error: ApiError) -> None:
     if error.status != HTTP_NOT_FOUND:  # already gone is what we wanted
         raise error
+
+
+async def _all_pages(list_call: Callable[[Mapping[str, str]], Awaitable[Json]],
+                     params: Mapping[str, str]) -> tuple[list[Json], str]:
+    """Every item of a list, LIST_PAGE at a time; and the resourceVersion of the list (to watch from)."""
+    items: list[Json] = []
+    params = {**params, "limit": str(LIST_PAGE)}
+    while True:
+        page = await list_call(params)
+        items += page.get("items") or []
+        after = page["metadata"].get("continue")
+        if not after:
+            return items, page["metadata"]["resourceVersion"]
+        params = {**params, "continue": after}
