@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from kubetrain.core import api
+from kubetrain.core.lifecycle import reconcile
 from kubetrain.core.spec import validate
+from tests import test_status_bounds as status_bounds
 from tests.invalid_specs import INVALID, Case, base_job
 from tests.lab.lab import Lab
 from tests.lab.namespaces import delete_namespace
@@ -146,3 +149,21 @@ def test_client_side_apply_of_the_crd_fits_the_annotation_limit(lab: Lab, crd: P
     # --server-side, but a plain `kubectl apply -f crds/` must keep working.
     lab.kubectl("apply", "--dry-run=server", "-f", str(crd))
     assert len(json.dumps(yaml.safe_load(crd.read_text()), separators=(",", ":"))) < 200 * 1024
+
+
+@pytest.mark.usefixtures("crd")
+@pytest.mark.parametrize("case", status_bounds.WORST_CASES, ids=lambda c: c.__name__.strip("_"))
+def test_the_server_takes_the_largest_job_and_stores_its_worst_status(lab: Lab, namespace: str, case: Any) -> None:
+    """What docs/trainingjob-reference.md says of a 4,096-node job, against the real API server: the spec is
+    accepted, and the status the operator decides in each worst case is stored whole, within the budget."""
+    job = base_job()
+    job["spec"]["nodes"] = api.MAX_NODES
+    job["spec"]["runPolicy"] = {"managedBy": "example.com/nobody"}  # no operator makes its 4,096 pods
+    jobs = f"/apis/kubetrain.io/v1alpha1/namespaces/{namespace}/trainingjobs"
+    lab.api.post(jobs, job)
+    the_job, status, pods = case()
+    decided = reconcile(the_job, status, pods, status_bounds.NOW).status
+    lab.api.merge_patch(f"{jobs}/valid/status", {"status": decided})
+    stored = lab.api.get(f"{jobs}/valid")
+    assert stored["status"] == decided, "the server pruned or changed what the operator wrote"
+    assert len(json.dumps(stored["status"])) < status_bounds.STATUS_BUDGET_BYTES

@@ -75,8 +75,11 @@ def _many_excluded_nodes() -> tuple[TrainingJob, dict[str, Json], list[Json]]:
     return job(), running(phase="Pending", excludedNodes=excluded), states(*pods)
 
 
-@pytest.mark.parametrize("case", [_all_failed, _unschedulable, _rendezvous_timed_out, _all_but_one_vanished,
-                                  _shrunk_to_one, _many_excluded_nodes], ids=lambda c: c.__name__.strip("_"))
+WORST_CASES = [_all_failed, _unschedulable, _rendezvous_timed_out, _all_but_one_vanished, _shrunk_to_one,
+               _many_excluded_nodes]
+
+
+@pytest.mark.parametrize("case", WORST_CASES, ids=lambda c: c.__name__.strip("_"))
 def test_the_largest_job_keeps_a_bounded_status(case: Any) -> None:
     the_job, status, pods = case()
     decision = reconcile(the_job, status, pods, NOW)
