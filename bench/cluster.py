@@ -40,15 +40,17 @@ RUN_DIR_PREFIX = "bench-"
 class Cluster:
     """The lab with the CRD and the operator; :meth:`stop` leaves nothing running."""
 
-    def __init__(self, ctx: Context, *, kueue: bool = False, gang: bool = False) -> None:
+    def __init__(self, ctx: Context, *, kueue: bool = False, gang: bool = False, kwok_nodes: int = 0) -> None:
         """``kueue``: a lab of its own with Kueue running (bench/kueue.py): Kueue's webhooks see every pod.
-        ``gang``: a lab of its own serving scheduling.k8s.io/v1beta1 PodGroups (bench/gang.py)."""
+        ``gang``: a lab of its own serving scheduling.k8s.io/v1beta1 PodGroups (bench/gang.py).
+        ``kwok_nodes``: a lab of its own with that many simulated nodes (bench/frontier.py)."""
         from tests.lab.lab import LAB_HOME
 
         self.ctx = ctx
         self.kueue = kueue
         self.gang = gang
-        kind = "kueue-" if kueue else "gang-" if gang else ""
+        self.kwok_nodes = kwok_nodes
+        kind = "kueue-" if kueue else "gang-" if gang else "kwok-" if kwok_nodes else ""
         self.run_dir = LAB_HOME / f"{RUN_DIR_PREFIX}{kind}{os.getpid()}"
         self.lab: Any = None
         self.operator: Any = None
@@ -60,11 +62,13 @@ class Cluster:
 
         _prune_old_run_dirs(LAB_HOME)
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        extras = (", Kueue" if self.kueue else "") + (", PodGroups" if self.gang else "")
+        extras = ((", Kueue" if self.kueue else "") + (", PodGroups" if self.gang else "")
+                  + (f", {self.kwok_nodes} simulated nodes" if self.kwok_nodes else ""))
         self.ctx.log(f"starting the lab (2 nodes{extras}) in {self.run_dir}")
         self._keep_lab_log()
         started = time.monotonic()
-        lab = Lab(self.run_dir, nodes=2, gpus_per_node=0, kueue=self.kueue, gang=self.gang)
+        lab = Lab(self.run_dir, nodes=2, gpus_per_node=0, kueue=self.kueue, gang=self.gang,
+                  kwok_nodes=self.kwok_nodes)
         lab.start()  # stops what it started if it fails
         self.lab = lab
         self.lab.kubectl("apply", "--server-side", "-f", str(CRD))

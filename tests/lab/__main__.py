@@ -1,5 +1,5 @@
-"""``python -m tests.lab build | images | up [--nodes N --gpus-per-node G --real-node --kueue --gang] | down |
-serve``."""
+"""``python -m tests.lab build | images | up [--nodes N --gpus-per-node G --real-node --kueue --gang --kwok-nodes N]
+| down | serve``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ READY_FILE = "ready"
 UP_TIMEOUT_S = 180
 # A real node imports the project's images into its containerd (the trainer's is gigabytes).
 REAL_NODE_UP_TIMEOUT_S = 1200
+# Simulated nodes are created and made Ready at well over this rate, even on 2 cores.
+KWOK_NODES_PER_S = 20
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -32,7 +34,7 @@ def _serve(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     run_dir = Path(args.run_dir)
     with Lab(run_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node,
-             kueue=args.kueue, gang=args.gang) as lab:
+             kueue=args.kueue, gang=args.gang, kwok_nodes=args.kwok_nodes) as lab:
         (run_dir / READY_FILE).write_text(str(lab.kubeconfig))
         stopping.wait()
     (run_dir / READY_FILE).unlink(missing_ok=True)
@@ -52,12 +54,13 @@ def _up(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "tests.lab", "serve", "--run-dir", str(UP_DIR),
             "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
             *(["--real-node"] if args.real_node else []), *(["--kueue"] if args.kueue else []),
-            *(["--gang"] if args.gang else [])]
+            *(["--gang"] if args.gang else []), "--kwok-nodes", str(args.kwok_nodes)]
     with (UP_DIR / "lab.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[2])
     (UP_DIR / "serve.pid").write_text(str(proc.pid))
-    deadline = time.monotonic() + (REAL_NODE_UP_TIMEOUT_S if args.real_node else UP_TIMEOUT_S)
+    deadline = (time.monotonic() + (REAL_NODE_UP_TIMEOUT_S if args.real_node else UP_TIMEOUT_S)
+                + args.kwok_nodes / KWOK_NODES_PER_S)
     while not (UP_DIR / READY_FILE).exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             print(f"the lab did not come up; see {UP_DIR / 'lab.log'}", file=sys.stderr)
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                              help="also run Kueue's controller manager with its CRDs and webhooks")
         command.add_argument("--gang", action="store_true",
                              help="serve scheduling.k8s.io/v1beta1 PodGroups (Kubernetes' own gang scheduling)")
+        command.add_argument("--kwok-nodes", type=int, default=0, metavar="N",
+                             help="also N simulated nodes of 8 GPUs each, played by kwok (no processes)")
         if name == "serve":
             command.add_argument("--run-dir", required=True)
     sub.add_parser("down", help="stop the lab started by `up` and clean up after crashed labs")

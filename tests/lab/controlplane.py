@@ -24,7 +24,7 @@ from tests.lab.runpaths import etcd_data_dir
 
 SERVICE_CIDR = "10.0.0.0/24"
 # Short, so that a node whose heartbeats stop turns NotReady within ~20 s (kubelet default: 40 s).
-NODE_MONITOR_GRACE = "16s"
+NODE_MONITOR_GRACE_S = 16
 APISERVER_READY_TIMEOUT = 180.0
 # Kubernetes' own gang scheduling (`Lab(gang=True)`): the scheduling.k8s.io/v1beta1 Workload and PodGroup API
 # (beta in v1.37, off by default) and its topology constraints (alpha), on every component that reads them.
@@ -40,10 +40,16 @@ class Identities:
 
 
 class ControlPlane:
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", *, gang: bool = False) -> None:
+    def __init__(self, run_dir: Path, host: str = "127.0.0.1", *, gang: bool = False,
+                 node_monitor_grace_s: int = NODE_MONITOR_GRACE_S, client_qps: int = 0) -> None:
+        """``client_qps``: the controller manager's and scheduler's API rate limit (burst twice that), as large
+        clusters raise it; 0 keeps their defaults (20 and 50 requests/s)."""
         self.run_dir = run_dir
         self.host = host
         self.gang_flags = [GANG_FEATURE_GATES] if gang else []
+        self.node_monitor_grace_s = node_monitor_grace_s
+        self.client_qps_flags = ([f"--kube-api-qps={client_qps}", f"--kube-api-burst={2 * client_qps}"]
+                                 if client_qps else [])
         self.pki = Pki(run_dir / "pki")
         self.serving = self.pki.apiserver_serving(extra_ips=(host,))
         # The apiserver's identity towards kubelets (`kubectl logs`, `exec`).
@@ -139,10 +145,10 @@ class ControlPlane:
             f"--service-account-private-key-file={self.sa_keys.key}",
             f"--root-ca-file={self.pki.ca.cert}",
             "--controllers=*",
-            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
+            f"--node-monitor-grace-period={self.node_monitor_grace_s}s", "--node-monitor-period=2s",
             f"--cluster-signing-cert-file={self.pki.ca.cert}",
             f"--cluster-signing-key-file={self.pki.ca.key}",
-            "--v=1", *self.gang_flags,
+            "--v=1", *self.gang_flags, *self.client_qps_flags,
         ])
         sched = str(self.identities.scheduler)
         self._process("kube-scheduler", [
@@ -150,7 +156,7 @@ class ControlPlane:
             f"--kubeconfig={sched}", f"--authentication-kubeconfig={sched}",
             f"--authorization-kubeconfig={sched}",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false", "--v=1",
-            *self.gang_flags,
+            *self.gang_flags, *self.client_qps_flags,
         ])
 
     # health -------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ from tests.lab.images import REPO, ImageMap
 from tests.lab.kubeconfig import write_kubeconfig
 from tests.lab.kubelet import Kubelet
 from tests.lab.kueue import Kueue
+from tests.lab.kwok import CLIENT_QPS as KWOK_CLIENT_QPS
+from tests.lab.kwok import NODE_MONITOR_GRACE_S as KWOK_NODE_MONITOR_GRACE_S
+from tests.lab.kwok import Kwok, SimulatedNodes
 from tests.lab.network import PodNetwork, remove_network
 from tests.lab.podworker import RUN_MARKER
 from tests.lab.procs import kill_tree, wait_for
@@ -40,10 +43,11 @@ class Lab:
 
     def __init__(self, run_dir: Path, *, nodes: int = 2, gpus_per_node: int = 0,
                  images: ImageMap | None = None, real_node: bool = False, kueue: bool = False,
-                 gang: bool = False) -> None:
+                 gang: bool = False, kwok_nodes: int = 0) -> None:
         """``real_node``: also run a real kubelet + containerd node with the project's images (docs/lab.md).
         ``kueue``: also run Kueue's controller manager, its CRDs and webhooks (docs/lab.md, "Kueue").
-        ``gang``: serve scheduling.k8s.io/v1beta1 PodGroups, placed whole by kube-scheduler (docs/lab.md)."""
+        ``gang``: serve scheduling.k8s.io/v1beta1 PodGroups, placed whole by kube-scheduler (docs/lab.md).
+        ``kwok_nodes``: also that many simulated nodes of 8 GPUs, played by kwok (docs/lab.md, "Simulated nodes")."""
         self.run_dir = run_dir.resolve()
         self.node_count = nodes
         self.with_real_node = real_node
@@ -51,6 +55,8 @@ class Lab:
         self.with_kueue = kueue
         self.with_gang = gang
         self.kueue: Kueue | None = None
+        self.kwok_shape = SimulatedNodes(kwok_nodes) if kwok_nodes else None
+        self.kwok: Kwok | None = None
         self.gpus_per_node = gpus_per_node
         self.images = images or ImageMap()
         self.control_plane: ControlPlane | None = None
@@ -82,7 +88,9 @@ class Lab:
         (self.run_dir / "logs").mkdir(exist_ok=True)
         # The network first: the apiserver listens on the bridge's gateway, where a real node reaches it.
         self.network = PodNetwork.create()
-        cp = self.control_plane = ControlPlane(self.run_dir, host=self.network.gateway, gang=self.with_gang)
+        scale = ({"node_monitor_grace_s": KWOK_NODE_MONITOR_GRACE_S, "client_qps": KWOK_CLIENT_QPS}
+                 if self.kwok_shape else {})
+        cp = self.control_plane = ControlPlane(self.run_dir, host=self.network.gateway, gang=self.with_gang, **scale)
         cp.start_etcd()
         cp.start_apiserver()
         cp.start_controllers()
@@ -104,6 +112,8 @@ class Lab:
             self._start_real_node()
         if self.with_kueue:
             self._start_kueue()
+        if self.kwok_shape:
+            self._start_kwok(self.kwok_shape)
         self.wait_nodes_ready(180)
         self.wait_service_account("default")
 
@@ -125,6 +135,13 @@ class Lab:
         finally:
             self._write_state()  # its process too, so that cleanup_stale can stop it after a crash
 
+    def _start_kwok(self, shape: SimulatedNodes) -> None:
+        self.kwok = Kwok(self.run_dir, self.admin_rest(), self.kubeconfig, shape)
+        try:
+            self.kwok.start()
+        finally:
+            self._write_state()  # its process too, so that cleanup_stale can stop it after a crash
+
     def admin_rest(self) -> Rest:
         """A fresh JSON client with the admin identity (one per thread that holds long watches)."""
         pki = self.cp.pki
@@ -134,7 +151,8 @@ class Lab:
         cp = self.control_plane
         assert cp is not None and self.network is not None
         processes = {**cp.processes, **(self.real_node.processes if self.real_node else {}),
-                     **(self.kueue.processes if self.kueue else {}), **(self.dns.processes if self.dns else {})}
+                     **(self.kueue.processes if self.kueue else {}), **(self.dns.processes if self.dns else {}),
+                     **(self.kwok.processes if self.kwok else {})}
         state = {"pid": os.getpid(), "network": self.network.index, "real_node": self.with_real_node,
                  "processes": {name: p.pid for name, p in processes.items()}}
         (self.run_dir / STATE_FILE).write_text(json.dumps(state))
@@ -148,6 +166,7 @@ class Lab:
             ("provisioner", lambda: self.provisioner.stop() if self.provisioner else None),
             ("dns", lambda: self.dns.stop() if self.dns else None),
             ("kueue", lambda: self.kueue.stop() if self.kueue else None),
+            ("kwok", lambda: self.kwok.stop() if self.kwok else None),
             ("control plane", lambda: self.control_plane.stop() if self.control_plane else None),
             ("network", lambda: self.network.down() if self.network else None),
         ]
@@ -200,6 +219,10 @@ class Lab:
     @property
     def node_names(self) -> list[str]:
         return list(self._kubelet.nodes)
+
+    @property
+    def kwok_node_names(self) -> list[str]:
+        return self.kwok.node_names if self.kwok else []
 
     @property
     def _kubelet(self) -> Kubelet:

@@ -13,6 +13,7 @@ HELM_VERSION = "v3.22.0"
 CONTAINERD_VERSION = "v2.4.2"
 KUEUE_VERSION = "v0.17.0"
 COREDNS_VERSION = "v1.15.0"
+KWOK_VERSION = "v0.8.0"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,13 @@ MODULES: dict[str, GoModule] = {
         directory=GO_DIR / "coredns",
         version=COREDNS_VERSION,
         packages={"coredns": "github.com/coredns/coredns"},
+    ),
+    # Simulated nodes (tests/lab/kwok.py): kwok's controller plays Nodes and their pods with no processes.
+    "kwok": GoModule(
+        directory=GO_DIR / "kwok",
+        version=KWOK_VERSION,
+        packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        version_vars=(f"sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",),
     ),
 }
 

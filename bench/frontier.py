@@ -1,0 +1,229 @@
+"""A frontier-sized job on simulated nodes (kwok, tests/lab/kwok.py): 4,096 pods of 8 GPUs each placed, running and
+restarted, against the same pods created, and deleted and created again, by a plain client in the same run.
+
+The lab is one of its own: two process nodes and 4,096 kwok nodes, whose pods go Running with no process behind
+them, so that what is measured is the operator and the control plane, not 2 cores starting processes. Pods are
+followed with one watch (a poll listing 4,096 pods would be the heaviest load on the API server).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.cluster import Cluster, bare_objects, job_spec
+from bench.registry import Benchmark, Context, FigureSpec
+from bench.report import Figure, Goal, median
+
+__all__ = ["BENCHMARKS"]
+
+Json = Any
+FRONTIER_NODES = 4096
+QUICK_NODES = 256
+CLIENT_CONNECTIONS = 16  # the operator's own limit (OperatorConfig.api_connections)
+BARE_LABEL = "bench.kubetrain.io/bare"
+JOB_LABEL = "kubetrain.io/job-name"
+ATTEMPT_LABEL = "kubetrain.io/attempt"
+WAIT_S = 900.0
+
+FRONTIER_RUNNING = FigureSpec(
+    "scale.frontier_job_running_ratio", "x",
+    Goal("<=", 1.2, f"from `create TrainingJob` of {FRONTIER_NODES} nodes (8 GPUs each, on simulated nodes) to all "
+                    "its pods Running, against the same pods (and Service) created by a plain client with the "
+                    f"operator's {CLIENT_CONNECTIONS} concurrent requests (issue 30)"))
+FRONTIER_RESTART = FigureSpec(
+    "scale.frontier_restart_ratio", "x",
+    Goal("<=", 1.3, f"from one pod of a running {FRONTIER_NODES}-node job failing to every pod of its next attempt "
+                    "Running, against a plain client deleting the same pods and creating them again (issue 30)"))
+
+
+class PodWatch:
+    """Every pod of one namespace as one watch last showed it: labels, phase, and whether it is being deleted."""
+
+    def __init__(self, lab: Cluster, namespace: str) -> None:
+        from tests.lab.jobs import list_version
+
+        self.namespace = namespace
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+        self._pods: dict[str, Json] = {}
+        self._changed = threading.Condition()
+        self._stopped = False
+        self.error: Exception | None = None
+        version = list_version(lab.lab.api, self.path)
+        self._rest = lab.lab.admin_rest()  # a client of its own: its watch holds a connection
+        threading.Thread(target=self._follow, args=(version,), daemon=True).start()
+
+    def _follow(self, version: str) -> None:
+        try:
+            while not self._stopped:  # a watch ends at its timeout: go on from the last version seen
+                for event in self._rest.watch(self.path, version):
+                    pod = event["object"]
+                    version = pod["metadata"]["resourceVersion"]
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    with self._changed:
+                        name = pod["metadata"]["name"]
+                        if event["type"] == "DELETED":
+                            self._pods.pop(name, None)
+                        else:
+                            self._pods[name] = pod
+                        self._changed.notify_all()
+        except Exception as error:  # reported by wait()
+            with self._changed:
+                self.error = error
+                self._changed.notify_all()
+
+    def wait(self, what: str, done: Callable[[list[Json]], bool], timeout: float = WAIT_S) -> float:
+        """time.monotonic() once ``done`` holds for the pods seen; raises what the watch met, or TimeoutError."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self.error is not None or done(list(self._pods.values())), timeout):
+                raise TimeoutError(f"{what}: not after {timeout} s")
+            if self.error is not None:
+                raise RuntimeError(f"the watch of the pods failed: {self.error}")
+            return time.monotonic()
+
+    def pods(self) -> list[Json]:
+        with self._changed:
+            return list(self._pods.values())
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+def _labelled(key: str, value: str) -> Callable[[Json], bool]:
+    return lambda pod: pod["metadata"].get("labels", {}).get(key) == value
+
+
+def all_running(count: int, match: Callable[[Json], bool]) -> Callable[[list[Json]], bool]:
+    """``count`` live pods of ``match``, every one Running (pods being deleted do not count)."""
+    def check(pods: list[Json]) -> bool:
+        live = [p for p in pods if match(p) and not p["metadata"].get("deletionTimestamp")]
+        return len(live) == count and all(p.get("status", {}).get("phase") == "Running" for p in live)
+    return check
+
+
+def none_left(match: Callable[[Json], bool]) -> Callable[[list[Json]], bool]:
+    return lambda pods: not any(match(p) for p in pods)
+
+
+def frontier_spec(nodes: int) -> Json:
+    """A job whose every pod fills one simulated node (8 GPUs); the process nodes have none."""
+    return job_spec("import time; time.sleep(86400)", nodes) | {
+        "gpusPerNode": 8, "procsPerNode": 8, "resources": {"cpu": "1", "memory": "1Gi", "sharedMemory": "1Gi"},
+        "failurePolicy": {"backoffLimit": 3}}
+
+
+def frontier_bench(ctx: Context) -> list[Figure]:
+    nodes, rounds = (QUICK_NODES, 1) if ctx.quick else (FRONTIER_NODES, 2)
+    lab = Cluster(ctx, kwok_nodes=nodes)
+    try:
+        lab.start()
+        namespace = lab.namespace("frontier")
+        watch = PodWatch(lab, namespace)
+        try:
+            return _measure(ctx, lab, watch, nodes, rounds)
+        finally:
+            watch.stop()
+    finally:
+        lab.stop()
+
+
+def _measure(ctx: Context, lab: Cluster, watch: PodWatch, nodes: int, rounds: int) -> list[Figure]:
+    from tests.lab.jobs import Jobs
+
+    namespace = watch.namespace
+    jobs = Jobs(lab.lab, namespace)
+    spec = frontier_spec(nodes)
+    times: dict[str, list[float]] = {"job": [], "restart": [], "bare": [], "bare_restart": []}
+    for number in range(rounds):  # alternating, so that a slow spell hits both
+        ctx.log(f"round {number}: a TrainingJob of {nodes} nodes started and restarted, then the same pods from a "
+                "plain client")
+        for key, value in zip(("job", "restart"), _job_round(lab, jobs, watch, f"job-{number}", spec), strict=True):
+            times[key].append(value)
+        for key, value in zip(("bare", "bare_restart"), _bare_round(lab, namespace, watch, f"bare-{number}", spec),
+                              strict=True):
+            times[key].append(value)
+    p50 = {key: median(values) for key, values in times.items()}
+    return [
+        FRONTIER_RUNNING.measured(
+            p50["job"] / p50["bare"], f"job p50 {p50['job']:.1f} s / plain client p50 {p50['bare']:.1f} s to "
+                                      f"{nodes} pods Running; {rounds} rounds each",
+            job_s=p50["job"], bare_s=p50["bare"], pods=nodes),
+        FRONTIER_RESTART.measured(
+            p50["restart"] / p50["bare_restart"],
+            f"gang restart p50 {p50['restart']:.1f} s / plain delete-and-create p50 {p50['bare_restart']:.1f} s "
+            f"for {nodes} pods; {rounds} rounds each", restart_s=p50["restart"],
+            bare_restart_s=p50["bare_restart"], pods=nodes)]
+
+
+def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) -> tuple[float, float]:
+    from tests.lab.kwok import EXIT_CODE_ANNOTATION
+
+    nodes = spec["nodes"]
+    of_job = _labelled(JOB_LABEL, name)
+    t0 = time.monotonic()
+    jobs.create(name, spec)
+    started = watch.wait(f"{name}: {nodes} pods Running", all_running(
+        nodes, lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, "0")(p))) - t0
+    t1 = time.monotonic()
+    lab.lab.api.merge_patch(f"{watch.path}/{name}-{nodes // 2}",
+                            {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: "1"}}})
+    restarted = watch.wait(f"{name}: attempt 1's {nodes} pods Running", all_running(
+        nodes, lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, "1")(p))) - t1
+    lab.lab.api.delete(f"{jobs.base}/{name}")
+    _delete_pods(lab, watch, of_job)
+    watch.wait(f"{name}: pods gone", none_left(of_job))
+    return started, restarted
+
+
+def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: Json) -> tuple[float, float]:
+    nodes = spec["nodes"]
+    of_bare = _labelled(BARE_LABEL, name)
+    objects = bare_objects(name, namespace, spec)
+    t0 = time.monotonic()
+    lab.create_objects(namespace, objects, CLIENT_CONNECTIONS)
+    started = watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_bare)) - t0
+    t1 = time.monotonic()
+    _delete_pods(lab, watch, of_bare)
+    watch.wait(f"{name}: pods gone", none_left(of_bare))
+    _create_pods(lab, namespace, objects[1:])
+    restarted = watch.wait(f"{name}: {nodes} pods Running again", all_running(nodes, of_bare)) - t1
+    lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{objects[0]['metadata']['name']}")
+    _delete_pods(lab, watch, of_bare)
+    watch.wait(f"{name}: pods gone", none_left(of_bare))
+    return started, restarted
+
+
+def _delete_pods(lab: Cluster, watch: PodWatch, match: Callable[[Json], bool]) -> None:
+    """Delete the pods one request each, ``CLIENT_CONNECTIONS`` at a time, as the operator does: one request for
+    a collection of 4,096 pods outlasts the API server's 60 s request timeout."""
+    import concurrent.futures
+
+    from tests.lab.rest import ApiError
+
+    def delete(name: str) -> None:
+        try:
+            lab.lab.api.request("DELETE", f"{watch.path}/{name}")
+        except ApiError as error:
+            if error.status != 404:  # gone already: what was asked
+                raise
+
+    names = [p["metadata"]["name"] for p in watch.pods() if match(p)]
+    with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
+        list(pool.map(delete, names))
+
+
+def _create_pods(lab: Cluster, namespace: str, pods: list[Json]) -> None:
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
+        list(pool.map(lambda pod: lab.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
+
+
+BENCHMARKS = (
+    Benchmark("scale.frontier", f"a {FRONTIER_NODES}-node job on simulated nodes: started and restarted, vs the same "
+                                "pods from a plain client", (FRONTIER_RUNNING, FRONTIER_RESTART), frontier_bench,
+              needs_lab=True),
+)
