@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from kubetrain.core import api
-from kubetrain.k8s import kube
+from kubetrain.k8s import kube, transport
 from kubetrain.k8s.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, VersionGoneError, api_failure
 
 Json = Any
@@ -347,3 +347,41 @@ def test_a_pod_list_follows_continue_tokens_and_gives_the_lists_version() -> Non
     assert pods == [{"n": 1}, {"n": 2}] and version == "7"
     assert [s.path for s in server.seen] == ["/api/v1/pods"] * 2
     assert "continue" not in server.seen[0].query and server.seen[1].query["continue"] == "c1"
+
+
+def test_calls_queued_behind_the_connection_limit_wait_for_a_slot_without_timing_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wide gang's creates queue behind the operator's connection limit: the wait for a connection is not the
+    API server failing to connect or answer (a 4,096-pod job's creates failed as "Connection timeout" with
+    aiohttp's pool wait counted as connecting)."""
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(transport, "REQUEST_TIMEOUT", 1.0)
+    in_flight, most = 0, 0
+
+    async def slow(_request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.2)
+        in_flight -= 1
+        return web.json_response({"ok": True})
+
+    async def main() -> list[Any]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", slow)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        rest = transport.Rest(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), connections=2)
+        try:  # 12 calls through 2 connections of 0.2 s each: 1.2 s, past both timeouts for the last ones
+            return await asyncio.gather(*(rest.request("GET", f"/pods/{n}") for n in range(12)),
+                                        return_exceptions=True)
+        finally:
+            await rest.close()
+            await runner.cleanup()
+
+    answers = asyncio.run(main())
+    assert answers == [{"ok": True}] * 12, [repr(a) for a in answers if not isinstance(a, dict)]
+    assert most == 2, "the connection limit still bounds the calls in flight"

@@ -7,6 +7,7 @@ login handler too). kube.py builds the operator's calls on this; nothing else se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -32,7 +33,10 @@ HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_ERRORS = 400
 NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects in a namespace being deleted
-# Seconds: a call that cannot connect, or does not finish, is an API server that did not answer.
+# Seconds: a call that cannot connect, or does not finish, is an API server that did not answer. Both count from
+# the moment the call has one of the operator's connection slots: aiohttp's own `connect` timeout also counts the
+# wait for a free connection of its pool, and a 4,096-pod gang's creates queued there past 10 s and failed as
+# "Connection timeout" with the API server answering well.
 CONNECT_TIMEOUT = 10
 REQUEST_TIMEOUT = 60
 # The API server takes a request's User-Agent (up to the "/") as the field manager of what it writes.
@@ -121,6 +125,7 @@ class Rest:
         self._info = login()
         self._headers = _headers(self._info)
         self._connections = connections
+        self._slots: asyncio.Semaphore | None = None  # made with the session, in the loop that uses it
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
 
@@ -131,9 +136,9 @@ class Rest:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                # The connection limit bounds the calls in flight, as a thread pool did (a gang's pods at once).
+                # The slots bound the calls in flight (a gang's pods at once); the pool has as many connections.
                 connector=aiohttp.TCPConnector(limit=self._connections, ssl=self._info.as_ssl_context()),
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT),
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, sock_connect=CONNECT_TIMEOUT),
                 proxy=self._info.proxy_url, trust_env=self._info.trust_env,
             )
         return self._session
@@ -183,6 +188,13 @@ class Rest:
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Json = None, content_type: str = JSON) -> Json:
         """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._connections)
+        async with self._slots:  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
+            return await self._request(method, path, params, body, content_type)
+
+    async def _request(self, method: str, path: str, params: Mapping[str, str] | None, body: Json,
+                       content_type: str) -> Json:
         for attempt in range(2):
             headers = {**self._headers, "Accept": JSON, "Content-Type": content_type}
             data = None if body is None else json.dumps(body)
