@@ -44,6 +44,15 @@ class NodeInfo:
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
+UNHEALTHY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_schedulable(node: JSON) -> bool:
+    """Ready, without the taints of a node that is not (a fresh node keeps `not-ready` until the node lifecycle
+    controller lifts it)."""
+    return (not any(t["key"] in UNHEALTHY_TAINTS for t in node["spec"].get("taints") or [])
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or []))
+
 class Kubelet:
     def __init__(self, rest: Callable[[], Rest], network: PodNetwork, run_dir: Path, images: ImageMap, *,
                  nodes: int, gpus_per_node: int, cpu: str = "16", memory: str = "64Gi") -> None:

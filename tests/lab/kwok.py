@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from tests.lab.build import ensure_binary
+from tests.lab.kubelet import node_schedulable
 from tests.lab.procs import ManagedProcess, wait_for
 from tests.lab.rest import JSON, ApiError, Rest
 
@@ -274,13 +275,8 @@ def ready_count(rest: Rest) -> int:
     while True:
         page = rest.get("/api/v1/nodes", labelSelector=f"{KWOK_LABEL}=true", limit=500,
                         **({"continue": token} if token else {}))
-        count += sum(1 for node in page["items"] if _ready(node))
+        count += sum(1 for node in page["items"] if node_schedulable(node))
         token = page["metadata"].get("continue", "")
         if not token:
             return count
 
-
-def _ready(node: JSON) -> bool:
-    unhealthy = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-    return (not any(t["key"] in unhealthy for t in node["spec"].get("taints") or [])
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or []))

@@ -18,7 +18,7 @@ from tests.lab.controlplane import ControlPlane
 from tests.lab.dns import ClusterDns, HiddenName
 from tests.lab.images import REPO, ImageMap
 from tests.lab.kubeconfig import write_kubeconfig
-from tests.lab.kubelet import Kubelet
+from tests.lab.kubelet import Kubelet, node_schedulable
 from tests.lab.kueue import Kueue
 from tests.lab.kwok import CLIENT_QPS as KWOK_CLIENT_QPS
 from tests.lab.kwok import NODE_MONITOR_GRACE_S as KWOK_NODE_MONITOR_GRACE_S
@@ -186,12 +186,8 @@ class Lab:
     # readiness ----------------------------------------------------------------------------------
     def _nodes_schedulable(self) -> bool:
         nodes = self.api.get("/api/v1/nodes", labelSelector="kubetrain.dev/lab=true")["items"]
-        unhealthy = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
         expected = self.node_count + (1 if self.with_real_node else 0)
-        return len(nodes) == expected and all(
-            not any(t["key"] in unhealthy for t in n["spec"].get("taints") or [])
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
-            for n in nodes)
+        return len(nodes) == expected and all(node_schedulable(n) for n in nodes)
 
     def wait_service_account(self, namespace: str, name: str = "default", timeout: float = 120) -> None:
         wait_for(lambda: self.api.exists(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"), timeout,
