@@ -156,7 +156,10 @@ class Cluster:
         self.lab.api.post(f"/api/v1/namespaces/{namespace}/services", service)
         for group in [p for p in pods if p["kind"] == api.PODGROUP.KIND]:
             self.lab.api.post(f"/apis/{group['apiVersion']}/namespaces/{namespace}/podgroups", group)
-        pods = [p for p in pods if p["kind"] == "Pod"]
+        self.create_pods(namespace, [p for p in pods if p["kind"] == "Pod"], concurrency)
+
+    def create_pods(self, namespace: str, pods: list[Json], concurrency: int = 1) -> None:
+        """Post the pods, ``concurrency`` requests at a time."""
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda pod: self.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
 

@@ -192,7 +192,7 @@ def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: 
     t1 = time.monotonic()
     _delete_pods(lab, watch, of_bare)
     watch.wait(f"{name}: pods gone", none_left(of_bare))
-    _create_pods(lab, namespace, objects[1:])
+    lab.create_pods(namespace, objects[1:], CLIENT_CONNECTIONS)
     restarted = watch.wait(f"{name}: {nodes} pods Running again", all_running(nodes, of_bare)) - t1
     lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{objects[0]['metadata']['name']}")
     _delete_pods(lab, watch, of_bare)
@@ -217,13 +217,6 @@ def _delete_pods(lab: Cluster, watch: PodWatch, match: Callable[[Json], bool]) -
     names = [p["metadata"]["name"] for p in watch.pods() if match(p)]
     with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
         list(pool.map(delete, names))
-
-
-def _create_pods(lab: Cluster, namespace: str, pods: list[Json]) -> None:
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(CLIENT_CONNECTIONS) as pool:
-        list(pool.map(lambda pod: lab.lab.api.post(f"/api/v1/namespaces/{namespace}/pods", pod), pods))
 
 
 BENCHMARKS = (

@@ -13,18 +13,14 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.lab.chart import CRD, install_identity, wait_crd_established
-from tests.lab.fixtures import own_lab
+from tests.lab.fixtures import jobs_namespace, own_operator_lab
 from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
-from tests.lab.namespaces import delete_namespace
-from tests.lab.operator_process import OperatorProcess
 from tests.lab.pods import pod_manifest
 from tests.lab.procs import wait_for
 from tests.test_operator import condition, spec
@@ -40,29 +36,16 @@ SAYS_WHY_WITHIN_S = 20  # on the 2-core machine, with other labs running
 
 @pytest.fixture(scope="module")
 def gang_lab() -> Iterator[Lab]:
-    with own_lab("gang", nodes=3, gang=True) as lab:
+    with own_operator_lab("gang", nodes=3, gang=True) as lab:
         for node, rack in RACKS.items():
             lab.api.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {RACK: rack}}})
-        lab.kubectl("apply", "--server-side", "-f", str(CRD))
-        wait_crd_established(lab)
-        _, kubeconfig = install_identity(lab)
-        operator = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--namespace=gang-*",))
-        operator.start()
-        try:
-            yield lab
-        finally:
-            operator.stop()
+        yield lab
 
 
 @pytest.fixture
 def jobs(gang_lab: Lab) -> Iterator[Jobs]:
-    name = f"gang-{uuid.uuid4().hex[:6]}"
-    gang_lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    gang_lab.wait_service_account(name)
-    try:
-        yield Jobs(gang_lab, name)
-    finally:
-        delete_namespace(gang_lab, name)
+    with jobs_namespace(gang_lab, "gang") as namespace_jobs:
+        yield namespace_jobs
 
 
 def _blocker(jobs: Jobs, node: str) -> str:

@@ -8,19 +8,15 @@ code a test asks for, and goes away when deleted; the operator sees those pods a
 from __future__ import annotations
 
 import ipaddress
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.lab.chart import CRD, install_identity, wait_crd_established
-from tests.lab.fixtures import own_lab
+from tests.lab.fixtures import jobs_namespace, own_operator_lab
 from tests.lab.jobs import Jobs
 from tests.lab.kwok import BLOCK_LABEL, EXIT_CODE_ANNOTATION, LEASE_DURATION_S, POD_CIDR, RACK_LABEL, ready_count
 from tests.lab.lab import Lab
-from tests.lab.namespaces import delete_namespace
-from tests.lab.operator_process import OperatorProcess
 from tests.lab.pods import pod_manifest
 from tests.lab.procs import wait_for
 from tests.test_operator import spec
@@ -33,27 +29,14 @@ GANG = 32
 
 @pytest.fixture(scope="module")
 def kwok_lab() -> Iterator[Lab]:
-    with own_lab("kwok", nodes=1, kwok_nodes=SIMULATED) as lab:
-        lab.kubectl("apply", "--server-side", "-f", str(CRD))
-        wait_crd_established(lab)
-        _, kubeconfig = install_identity(lab)
-        operator = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", ("--namespace=kwok-*",))
-        operator.start()
-        try:
-            yield lab
-        finally:
-            operator.stop()
+    with own_operator_lab("kwok", nodes=1, kwok_nodes=SIMULATED) as lab:
+        yield lab
 
 
 @pytest.fixture
 def jobs(kwok_lab: Lab) -> Iterator[Jobs]:
-    name = f"kwok-{uuid.uuid4().hex[:6]}"
-    kwok_lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kwok_lab.wait_service_account(name)
-    try:
-        yield Jobs(kwok_lab, name)
-    finally:
-        delete_namespace(kwok_lab, name)
+    with jobs_namespace(kwok_lab, "kwok") as namespace_jobs:
+        yield namespace_jobs
 
 
 def _pod(jobs: Jobs, name: str) -> Json:

@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 
+from tests.lab.chart import CRD, install_identity, wait_crd_established
+from tests.lab.jobs import Jobs
 from tests.lab.lab import LAB_HOME, Lab, prune_run_dirs
 from tests.lab.namespaces import delete_namespace
+from tests.lab.operator_process import OperatorProcess
 
 
 @contextlib.contextmanager
@@ -35,6 +38,29 @@ def own_lab(kind: str = "", **options: Any) -> Iterator[Lab]:
     shutil.rmtree(run_dir, ignore_errors=True)
     with Lab(run_dir, **options) as the_lab:
         yield the_lab
+
+
+@contextlib.contextmanager
+def own_operator_lab(kind: str, **options: Any) -> Iterator[Lab]:
+    """``own_lab`` with the CRD and the operator running with the chart's identity, watching the namespaces
+    ``<kind>-*`` (:func:`jobs_namespace` makes them)."""
+    with own_lab(kind, **options) as lab:
+        lab.kubectl("apply", "--server-side", "-f", str(CRD))
+        wait_crd_established(lab)
+        _, kubeconfig = install_identity(lab)
+        operator = OperatorProcess(kubeconfig, lab.run_dir / "operator.log", (f"--namespace={kind}-*",))
+        operator.start()
+        try:
+            yield lab
+        finally:
+            operator.stop()
+
+
+@contextlib.contextmanager
+def jobs_namespace(lab: Lab, kind: str) -> Iterator[Jobs]:
+    """The jobs of a fresh namespace ``<kind>-<random>`` (what :func:`own_operator_lab`'s operator watches)."""
+    with _namespace(lab, f"{kind}-{uuid.uuid4().hex[:6]}") as name:
+        yield Jobs(lab, name)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +111,13 @@ def real_namespace(real_lab: Lab, request: pytest.FixtureRequest) -> Iterator[st
 
 def _fresh_namespace(lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-")
-    name = f"{slug}-{uuid.uuid4().hex[:5]}"
+    with _namespace(lab, f"{slug}-{uuid.uuid4().hex[:5]}") as name:
+        yield name
+
+
+@contextlib.contextmanager
+def _namespace(lab: Lab, name: str) -> Iterator[str]:
+    """A new namespace, its default ServiceAccount ready; deleted afterwards, leftover pods force-deleted."""
     lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     lab.wait_service_account(name)
     try:
