@@ -133,6 +133,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # a line per scrape would drown the trainer's own log
 
 
+# How often the serving thread looks for close(): a worker that stops (SIGTERM, a restart, a lost peer's
+# replacement joining) waits for it, and http.server's 0.5 s default was most of such a worker's exit.
+SHUTDOWN_POLL_SECONDS = 0.05
+
+
 class ExpositionServer(HTTPServer):
     """Serves ``render()`` on every path but /favicon.ico, from one daemon thread: scrapes are rare and short,
     so one thread is enough, and no thread is started per request."""
@@ -142,7 +147,8 @@ class ExpositionServer(HTTPServer):
     def __init__(self, port: int, render: Callable[[], str], host: str = "0.0.0.0") -> None:  # scraped from outside
         super().__init__((host, port), _Handler)
         self.render = render
-        self.thread = threading.Thread(target=self.serve_forever, name="metrics-server", daemon=True)
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
+                                       name="metrics-server", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
