@@ -205,10 +205,17 @@ def test_every_ci_values_file_and_log_level_starts_the_operator(in_cluster: InCl
     assert not failed, failed
 
 
-def example_job(*, cpu: str = FITS_THE_NODE) -> str:
+def example_job(*, cpu: str = FITS_THE_NODE, max_steps: int | None = None) -> str:
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["resources"]["cpu"] = cpu
+    if max_steps is not None:
+        job["spec"]["trainer"]["maxSteps"] = max_steps
     return yaml.safe_dump(job)
+
+
+# Long enough to kill a pod after the operator has seen a checkpoint: on a quiet machine the example's 300 steps
+# take 2 s, less than the operator's 10 s between progress reads, and the job ended before one saw a checkpoint.
+KILLED_JOURNEY_STEPS = 3000
 
 
 def _processes_uids(lab: Lab, namespace: str, pod: str) -> set[str]:
@@ -230,7 +237,7 @@ def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InClust
     lab = in_cluster.lab
     jobs = Jobs(lab, real_namespace)
     lab.kubectl("apply", "-n", real_namespace, "-f", str(CLAIM))
-    lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job())
+    lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job(max_steps=KILLED_JOURNEY_STEPS))
     following = _kubetrain_logs(lab, real_namespace, "digits", "--follow")  # before any pod exists
     status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 50,
                        "a first checkpoint", timeout=600)
@@ -249,7 +256,8 @@ def test_user_journey_as_uid_1000_with_a_killed_pod_resuming(in_cluster: InClust
     assert status["progress"]["resumedFromStep"] >= saved
     table = lab.kubectl("get", "tj", "-n", real_namespace).stdout
     row = next(line for line in table.splitlines() if line.startswith("digits"))
-    assert "Succeeded" in row and "100% (300/300)" in row and status["progress"]["lossText"] in row
+    done = f"100% ({KILLED_JOURNEY_STEPS}/{KILLED_JOURNEY_STEPS})"
+    assert "Succeeded" in row and done in row and status["progress"]["lossText"] in row
     assert '"step"' in lab.kubectl("logs", "-n", real_namespace, "digits-0").stdout, "attempt 1's output"
     _assert_checkpoints_written_by_uid_1000(lab, real_namespace)
     _assert_kubetrain_logs(lab, real_namespace, failure, following)
