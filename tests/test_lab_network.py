@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.lab.fixtures import pod_log_text
 from tests.lab.lab import Lab
+from tests.lab.network import PodNetwork, ip
 from tests.lab.pods import headless_service, pod_manifest, terminated_state, wait_pod
 
 pytestmark = pytest.mark.lab
@@ -99,3 +101,23 @@ def test_torchrun_c10d_rendezvous_across_two_pods(lab: Lab, namespace: str) -> N
         assert pod["status"]["phase"] == "Succeeded", log
         assert terminated_state(pod)["exitCode"] == 0
         assert "all_reduce" in log and " 2 3.0" in log, log
+
+
+def _mac(link: str) -> str:
+    return Path(f"/sys/class/net/{link}/address").read_text().strip()
+
+
+def test_the_gateway_keeps_its_mac_address_while_pods_come_and_go() -> None:
+    """Pods reach the DNS and the API server through the bridge's address, by the MAC in their ARP cache."""
+    network = PodNetwork.create()
+    try:
+        gateway_mac = _mac(network.bridge)
+        sandbox = network.create_sandbox("mactest", 0, "", "")
+        # Lower than the bridge's own: a bridge that follows its ports would take it.
+        ip("link", "set", sandbox.host_veth, "address", "02:00:00:00:00:01")
+        assert _mac(sandbox.host_veth) == "02:00:00:00:00:01"
+        assert _mac(network.bridge) == gateway_mac
+        network.delete_sandbox(sandbox)
+        assert _mac(network.bridge) == gateway_mac
+    finally:
+        network.down()

@@ -58,6 +58,10 @@ class PodNetwork:
         self.bridge = f"{PREFIX}{index}"
         self.subnet = ipaddress.ip_network(f"10.{244 + index}.0.0/16")
         self.gateway = str(self.subnet.network_address + 1)
+        # Set, not inherited: a Linux bridge without a MAC of its own takes the lowest of its ports' and
+        # changes it as pods come and go; every pod's ARP entry for the gateway then points nowhere for
+        # seconds, and its DNS queries vanish (pod 0 of a job timed out resolving a new peer's address).
+        self.bridge_mac = f"02:6b:74:6c:00:{index:02x}"
         self._lock = threading.Lock()
         self._used: set[str] = set()
 
@@ -69,7 +73,7 @@ class PodNetwork:
                 continue
             network = cls(index)
             try:
-                ip("link", "add", network.bridge, "type", "bridge")
+                ip("link", "add", network.bridge, "address", network.bridge_mac, "type", "bridge")
             except subprocess.CalledProcessError:
                 continue  # another lab took this index between our look and our `ip link add`
             try:
