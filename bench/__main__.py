@@ -33,12 +33,24 @@ __all__ = ["all_benchmarks", "main", "select"]
 
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
-    from bench import cluster, core, frontier, gang, kueue, peer, rendezvous, scale, trainer, trainer_overhead
+    from bench import (
+        cluster,
+        core,
+        frontier,
+        gang,
+        kueue,
+        peer,
+        recovery,
+        rendezvous,
+        scale,
+        trainer,
+        trainer_overhead,
+    )
 
     # The peer before the scale benchmarks: their 512-pod job and 250 jobs would still be going away (and
     # weigh on a freshly started operator) when the peer measures memory.
     ordered = (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
-               *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS, *kueue.BENCHMARKS,
+               *recovery.BENCHMARKS, *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS, *kueue.BENCHMARKS,
                *gang.BENCHMARKS, *frontier.BENCHMARKS)
     return tuple(sorted(ordered, key=lambda bench: bench.needs_lab))  # stable: the order above within each kind
 

@@ -28,6 +28,7 @@ def pod(
     message: str | None = None,
     node: str = "node-0",
     unschedulable: str | None = None,
+    uid: str | None = None,
 ) -> Json:
     """A pod object in ``phase``; a terminated container when exit_code is given.
 
@@ -62,6 +63,8 @@ def pod(
     }
     if job_uid is not None:
         metadata["labels"]["kubetrain.io/job-uid"] = job_uid
+    if uid is not None:
+        metadata["uid"] = uid
     if deleting:
         metadata["deletionTimestamp"] = deleting
     return {"metadata": metadata, "spec": {"nodeName": node if scheduled else None}, "status": status}

@@ -18,6 +18,7 @@ from kubetrain.core import api
 from kubetrain.core.manifests import RUN_AS_USER, build_pod
 from kubetrain.core.spec import parse
 from kubetrain_trainer import config as trainer_config
+from kubetrain_trainer import rejoin as trainer_rejoin
 from tests.invalid_specs import base_job
 
 ROOT = Path(__file__).parent.parent
@@ -29,6 +30,7 @@ def test_env_names_and_ports_match() -> None:
     assert trainer_config.CHECKPOINT_DIR_ENV == api.ENV.CHECKPOINT_DIR
     assert trainer_config.DATA_DIR_ENV == api.ENV.DATA_DIR
     assert trainer_config.METRICS_PORT_ENV == api.ENV.METRICS_PORT
+    assert trainer_rejoin.REJOIN_TIMEOUT_ENV == api.ENV.REJOIN_TIMEOUT
     assert trainer_config.DEFAULT_METRICS_PORT == api.METRICS_PORT
 
 

@@ -28,7 +28,7 @@ from kubetrain.core.goodput import REFRESH_SECONDS
 from kubetrain.core.judgements import Coalescing, ScrapeClock
 from kubetrain.core.queueing import POD_SET, QUEUE_LABEL
 from kubetrain.core.status import Progress, Scrape, pod_state
-from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS
+from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Event
 from kubetrain.k8s.kube import ApiError, Kube
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
@@ -754,3 +754,19 @@ def test_nodes_that_cannot_be_listed_exclude_nothing_and_the_restart_goes_on(
     assert "excludedNodes" not in cluster.job["status"]
     assert cluster.job["status"]["phase"] == "Restarting" and cluster.job["status"]["restarts"] == 2
     assert any("cannot list the cluster's nodes" in r.getMessage() for r in warnings(caplog))
+
+
+@pytest.mark.parametrize(("attempt_after", "counter"), [(0, "kubetrain_pod_replacements_total"),
+                                                        (1, "kubetrain_restarts_total")])
+def test_a_replaced_pod_is_not_counted_as_a_gang_restart(attempt_after: int, counter: str) -> None:
+    state = jobstate.OperatorState(config=OperatorConfig(), kube=None, http=None, pods=None)  # type: ignore[arg-type]
+    job = spec.parse(base_job() | {"metadata": {"name": "valid", "namespace": "ns", "uid": "u"}})
+    before = {"phase": "Running", "attempt": 0}
+    after = {"phase": "Restarting", "attempt": attempt_after}
+    samples = ("kubetrain_pod_replacements_total", "kubetrain_restarts_total")
+    seen = {name: metrics.REGISTRY.get_sample_value(name, {"reason": "Disrupted"}) or 0.0 for name in samples}
+    state.observe(jobstate.JobRecord(), job, before, after, [Event("Warning", "Disrupted", "lost")],
+                  now=datetime.now(UTC))
+    grew = {name: (metrics.REGISTRY.get_sample_value(name, {"reason": "Disrupted"}) or 0.0) - seen[name]
+            for name in samples}
+    assert grew == {name: 1.0 if name == counter else 0.0 for name in samples}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,7 +33,9 @@ def test_a_pod_and_a_local_agent_get_the_same_launch(tmp_path: Path) -> None:
     plan = plan_local_run(job, tmp_path, rendezvous_port=29500, metrics_port=9500)
     for index, local in enumerate(plan.environments):
         pod = _pod_values(job, index)
-        shared = {name for name in pod if name.startswith(("PET_", "KUBETRAIN_", "TORCH_"))} - PLACEMENT
+        # A lost pod is replaced, and its peers wait for it; a local run's processes are not.
+        shared = {name for name in pod if name.startswith(("PET_", "KUBETRAIN_", "TORCH_"))} - PLACEMENT - {
+            api.ENV.REJOIN_TIMEOUT, api.ENV.LOCAL_ADDR}
         assert shared, "the pod has no launch variables"
         assert {name: local.get(name) for name in shared} == {name: pod[name] for name in shared}
 
@@ -53,7 +56,46 @@ def test_an_elastic_gang_can_lose_every_node_its_range_allows() -> None:
     elastic = _pod_values(parse(document), 0)
     assert elastic[api.ENV.MAX_RESTARTS] == "5", "its own 2, plus one per node the range lets go"
     assert elastic[api.ENV.RDZV_CONF].split(",") == ["is_host=true", "join_timeout=600", "read_timeout=600",
+                                                     "keep_alive_interval=1", "keep_alive_max_attempt=4",
                                                      "last_call_timeout=5"]
+
+
+@pytest.mark.parametrize(("nodes", "seconds"), [(2, 1), (16, 1), (17, 2), (64, 4), (65, 5), (4096, 5)])
+def test_small_gangs_beat_often_so_that_a_lost_agent_is_let_go_soon(nodes: int, seconds: int) -> None:
+    # torchrun reads keep_alive_interval as whole seconds; a lost agent goes after 3 missed heartbeats.
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    document = yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text())
+    document["spec"] |= {"nodes": nodes}
+    conf = _parse_rendezvous_config(_pod_values(parse(document), 1)[api.ENV.RDZV_CONF])
+    params = RendezvousParameters("c10d", "job-0.job:29400", "id", nodes, nodes, **conf)
+    assert params.get_as_int("keep_alive_interval") == seconds
+    assert params.get_as_int("keep_alive_max_attempt") == 4, "beats go 1-2 intervals apart: 4 misses leave 2 of slack"
+
+
+def _agent_name(job: TrainingJob, index: int, uid: str, pid: int = 1) -> Any:
+    """torch's name for node ``index``'s agent (its _NodeDesc), in a container whose torchrun has ``pid``."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    env = build_pod(job, index, attempt=0)["spec"]["containers"][0]["env"]
+    given = {e["name"]: e.get("value") for e in env}.get(api.ENV.LOCAL_ADDR)
+    fqdn = f"{job.name}-{index}.{job.name}.default.svc.cluster.local"  # torch's default: socket.getfqdn()
+    addr = given.replace(f"$({api.ENV.POD_UID})", uid) if given else fqdn
+    return _NodeDesc(addr, pid, 0)
+
+
+def test_a_replacement_agent_is_a_new_member_of_the_rendezvous_and_node_0_stays_rank_0() -> None:
+    # torch names an agent by FQDN and pid; a replacement in a container has both, and would be taken for the
+    # lost agent. torch ranks the agents by name: node 0 must still sort first (global rank 0 is read there).
+    document = yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text())
+    document["spec"] |= {"nodes": 12}
+    job = parse(document)
+    first = [_agent_name(job, i, f"{i}f00-first") for i in range(12)]
+    assert _agent_name(job, 1, "9a11-replacement") != first[1]
+    assert _agent_name(job, 0, "0a00-replacement") == first[0], "node 0 keeps its FQDN: the workers meet there"
+    assert sorted(first)[0] == first[0]
+    assert sorted([*first[:3], _agent_name(job, 3, "0000-replacement"), *first[4:]])[0] == first[0]
 
 
 def _hosts(environments: list[dict[str, str]]) -> list[bool | None]:

@@ -118,6 +118,12 @@ def test_failing_job_restarts_then_fails_with_a_post_mortem(jobs: Jobs) -> None:
     assert "backoffLimit=1" in status["message"]
 
 
+def evict(lab: Lab, namespace: str, pod: str) -> None:
+    """What a drain or kube-scheduler's preemption does: the Eviction API (a DisruptionTarget, then deletion)."""
+    lab.api.post(f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+                 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}})
+
+
 def test_sigkilled_pod_restarts_the_gang_and_the_job_recovers(lab: Lab, jobs: Jobs) -> None:
     jobs.create("killed", spec(SECOND_ATTEMPT_SUCCEEDS, nodes=2))
     jobs.wait_phase("killed", "Running")
@@ -141,12 +147,39 @@ def test_oom_killed_pod_fails_the_job(lab: Lab, jobs: Jobs) -> None:
 def test_evicted_pod_restarts_without_counting(lab: Lab, jobs: Jobs) -> None:
     jobs.create("evicted", spec(SECOND_ATTEMPT_SUCCEEDS, failurePolicy={"backoffLimit": 0}))
     jobs.wait_phase("evicted", "Running")
-    lab.api.post(f"/api/v1/namespaces/{jobs.namespace}/pods/evicted-0/eviction",
-                 {"apiVersion": "policy/v1", "kind": "Eviction",
-                  "metadata": {"name": "evicted-0", "namespace": jobs.namespace}})
+    evict(lab, jobs.namespace, "evicted-0")
     status = jobs.wait_phase("evicted", "Succeeded", timeout=180)
     assert status["restarts"] == 0 and status["disruptions"] == 1
     assert status["failures"][0]["counted"] is False
+
+
+def test_an_evicted_pod_is_replaced_alone_while_the_others_wait_and_resume_with_it(lab: Lab, jobs: Jobs) -> None:
+    """The built-in trainer on 3 nodes, checkpointing only when SIGTERM asks (everySteps 0): pod 1 is evicted,
+    the gang saves that step, pods 0 and 2 wait alive (same uids) for pod 1's replacement at the same attempt, and
+    all three resume from that step and finish."""
+    lab.create_volume(jobs.namespace, "replaced-checkpoints")
+    jobs.create("replaced", {
+        "nodes": 3, "procsPerNode": 1,
+        "resources": {"cpu": "100m", "memory": "1Gi", "sharedMemory": "64Mi"},
+        "trainer": {"task": "digits", "maxSteps": 600, "batchSize": 32}, "data": {"workers": 0},
+        "checkpoint": {"claimName": "replaced-checkpoints", "everySteps": 0},
+        "runPolicy": {"terminationGracePeriodSeconds": 30}})
+    before = jobs.wait("replaced", lambda s: int((s.get("progress") or {}).get("step", 0)) >= 20,
+                       "the trainer past step 20", timeout=180)["progress"]["step"]
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("replaced")}
+    evict(lab, jobs.namespace, "replaced-1")
+    replacing = jobs.wait("replaced", lambda s: s.get("phase") == "Restarting", "replacing pod 1", timeout=30)
+    assert condition(replacing, "Restarting")["reason"] == "PodReplaced", replacing
+
+    status = jobs.wait_phase("replaced", "Succeeded", timeout=300)
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("replaced")}
+    assert [after[f"replaced-{i}"] == uids[f"replaced-{i}"] for i in range(3)] == [True, False, True], (uids, after)
+    assert (status["attempt"], status["restarts"], status["disruptions"]) == (0, 0, 1), status
+    (failure,) = status["failures"]
+    assert (failure["pod"], failure["podUID"], failure["recovery"]) == (
+        "replaced-1", uids["replaced-1"], "PodReplaced")
+    assert status["progress"]["resumedFromStep"] >= before, (before, status["progress"])
+    assert {"Disrupted", "PodReplaced"} <= {e["reason"] for e in jobs.events("replaced")}
 
 
 def test_a_job_evicted_over_and_over_ends_with_a_reason(lab: Lab, jobs: Jobs) -> None:
@@ -155,9 +188,7 @@ def test_a_job_evicted_over_and_over_ends_with_a_reason(lab: Lab, jobs: Jobs) ->
         jobs.wait(
             "evictedforever", lambda s, a=attempt: s.get("attempt") == a and s.get("phase") == "Running",
             f"attempt {attempt} running", timeout=120)
-        lab.api.post(f"/api/v1/namespaces/{jobs.namespace}/pods/evictedforever-0/eviction",
-                     {"apiVersion": "policy/v1", "kind": "Eviction",
-                      "metadata": {"name": "evictedforever-0", "namespace": jobs.namespace}})
+        evict(lab, jobs.namespace, "evictedforever-0")
     status = jobs.wait_phase("evictedforever", "Failed", timeout=120)
     assert condition(status, "Failed")["reason"] == "TooManyDisruptions"
     assert "failurePolicy.disruptionLimit is 1" in status["message"], status["message"]

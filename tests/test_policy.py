@@ -29,6 +29,8 @@ def job(**spec: Json) -> TrainingJob:
     document["metadata"] |= {"uid": "uid-1", "generation": 2}
     for key, value in spec.items():
         document["spec"][key] = value
+    if "command" in spec:  # a user's program instead of the built-in trainer
+        del document["spec"]["trainer"]
     return parse(document)
 
 
@@ -149,6 +151,7 @@ class TestFailures:
         assert failure | {"time": None} == {
             "attempt": 0, "pod": "valid-0", "node": "node-1", "exitCode": 1, "reason": "Error",
             "counted": True, "time": None, "message": "pod valid-0 on node node-1 failed with exit code 1 (Error)",
+            "recovery": "GangRestart",
         }
         assert reasons(decision) == ["PodFailed"]
         assert "runningTime" not in decision.status
@@ -208,7 +211,7 @@ class TestFailures:
         assert len(decision.status["failures"]) == 2
 
     def test_vanished_pod_is_a_disruption(self) -> None:
-        decision = reconcile(job(), running(), states(pod(0)), NOW)
+        decision = reconcile(job(command=["python", "train.py"]), running(), states(pod(0)), NOW)
         assert decision.status["phase"] == "Restarting"
         assert decision.status["disruptions"] == 1
         assert decision.delete == ("valid-0",)
@@ -226,6 +229,103 @@ class TestFailures:
         decision = reconcile(job(), running(failures=history), states(pod(0, "Failed", exit_code=1), pod(1)), NOW)
         assert len(decision.status["failures"]) == 20
         assert decision.status["failures"][-1]["pod"] == "valid-0"
+
+
+def three_nodes(**spec: Json) -> TrainingJob:
+    return job(nodes=3, **spec)
+
+
+EVICTING = "2026-11-01T10:09:55Z"
+
+
+class TestLostPodReplaced:
+    """A lost pod other than node 0 is made again alone, at the same attempt, while the others wait for it."""
+
+    def test_an_evicted_pod_is_replaced_alone_and_counted_once(self) -> None:
+        pods = states(pod(0), pod(1, deleting=EVICTING, node="node-1", uid="u-1"), pod(2))
+        first = reconcile(three_nodes(), running(nodes={"desired": 3}), pods, NOW)
+        assert first.status["phase"] == "Restarting"
+        assert (first.status["attempt"], first.status["restarts"], first.status["disruptions"]) == (0, 0, 1)
+        assert first.delete == () and not first.create  # it is being deleted; the others stay
+        (record,) = first.status["failures"]
+        assert (record["pod"], record["podUID"], record["recovery"], record["counted"]) == (
+            "valid-1", "u-1", "PodReplaced", False)
+        assert reasons(first) == ["Disrupted"]
+        assert "runningTime" not in first.status
+        assert_valid_status(first.status)
+        again = reconcile(three_nodes(), first.status, pods, NOW + timedelta(seconds=5))
+        assert again.status["disruptions"] == 1 and len(again.status["failures"]) == 1
+        assert reasons(again) == [] and again.status["phase"] == "Restarting"
+
+    def test_once_it_is_gone_it_is_made_again_at_the_same_attempt(self) -> None:
+        evicted = reconcile(three_nodes(), running(nodes={"desired": 3}),
+                            states(pod(0), pod(1, deleting=EVICTING, uid="u-1"), pod(2)), NOW)
+        gone = reconcile(three_nodes(), evicted.status, states(pod(0), pod(2)), NOW + timedelta(seconds=5))
+        assert list(gone.create) == [1] and gone.delete == ()
+        assert (gone.status["attempt"], gone.status["disruptions"]) == (0, 1)
+        assert reasons(gone) == ["PodReplaced"]
+        back = reconcile(three_nodes(), gone.status, states(pod(0), pod(1, uid="u-2"), pod(2)),
+                         NOW + timedelta(seconds=30))
+        assert back.status["phase"] == "Running" and back.status["disruptions"] == 1
+        assert back.status["runningTime"] == "2026-11-01T10:10:30Z"  # the stall clock starts again
+
+    def test_a_failed_disrupted_pod_is_deleted_and_replaced(self) -> None:
+        pods = states(pod(0), pod(1), pod(2, "Failed", exit_code=137, disrupted=True, uid="u-2"))
+        decision = reconcile(three_nodes(), running(nodes={"desired": 3}), pods, NOW)
+        assert decision.delete == ("valid-2",)
+        assert (decision.status["attempt"], decision.status["disruptions"]) == (0, 1)
+        assert decision.status["failures"][0]["recovery"] == "PodReplaced"
+
+    def test_a_vanished_pod_is_made_again_in_the_same_pass_and_counted_once(self) -> None:
+        decision = reconcile(three_nodes(), running(nodes={"desired": 3}), states(pod(0), pod(2)), NOW)
+        assert list(decision.create) == [1] and decision.delete == ()
+        assert (decision.status["attempt"], decision.status["disruptions"]) == (0, 1)
+        assert reasons(decision) == ["Disrupted", "PodReplaced"]
+        again = reconcile(three_nodes(), decision.status, states(pod(0), pod(2)), NOW + timedelta(seconds=1))
+        assert again.status["disruptions"] == 1
+
+    @pytest.mark.parametrize(("why", "spec", "lost"), [
+        ("node 0 hosts the rendezvous store", {}, 0),
+        ("a user's program exits on the lost peer", {"command": ["python", "train.py"]}, 1),
+    ])
+    def test_otherwise_the_gang_restarts(self, why: str, spec: dict[str, Json], lost: int) -> None:
+        pods = states(*(pod(i, deleting=EVICTING if i == lost else None, uid=f"u-{i}") for i in range(3)))
+        decision = reconcile(three_nodes(**spec), running(nodes={"desired": 3}), pods, NOW)
+        assert decision.status["attempt"] == 1, why
+        assert decision.status["failures"][0]["recovery"] == "GangRestart"
+
+    def test_survivors_that_gave_up_on_the_replacement_restart_the_gang_uncounted(self) -> None:
+        evicted = reconcile(three_nodes(), running(nodes={"desired": 3}),
+                            states(pod(0), pod(1, deleting=EVICTING, uid="u-1"), pod(2)), NOW)
+        gave_up = '{"reason": "PeerLost", "exitCode": 5, "message": "no replacement joined"}'
+        pods = states(pod(0, "Failed", exit_code=1, message=gave_up), pod(1, "Pending", scheduled=False),
+                      pod(2, "Failed", exit_code=1, message=gave_up))
+        decision = reconcile(three_nodes(), evicted.status, pods, NOW + timedelta(minutes=11))
+        assert decision.status["attempt"] == 1
+        assert (decision.status["restarts"], decision.status["disruptions"]) == (0, 1)
+        assert reasons(decision) == ["ReplacementTimeout"]
+        assert decision.status["failures"][-1]["recovery"] == "GangRestart"
+
+    def test_a_replacement_that_timed_out_in_the_rendezvous_restarts_the_gang_and_the_job_goes_on(self) -> None:
+        # torch dropped the live agents (late heartbeats): the replacement alone formed a new round and waited
+        # out join_timeout. Without a replacement in this attempt, the same failure ends the job.
+        evicted = reconcile(three_nodes(), running(nodes={"desired": 3}),
+                            states(pod(0), pod(1, deleting=EVICTING, uid="u-1"), pod(2)), NOW)
+        pods = states(pod(0), pod(1, "Failed", exit_code=1, message=TestRendezvousTimeout.TAIL), pod(2))
+        decision = reconcile(three_nodes(), evicted.status, pods, NOW + timedelta(minutes=10))
+        assert (decision.status["phase"], decision.status["attempt"]) == ("Restarting", 1)
+        assert (decision.status["restarts"], decision.status["disruptions"]) == (0, 1)
+        assert reasons(decision) == ["ReplacementTimeout"]
+        unreplaced = reconcile(three_nodes(), running(nodes={"desired": 3}), pods, NOW)
+        assert unreplaced.status["phase"] == "Failed"
+
+    def test_the_disruption_limit_still_ends_the_job(self) -> None:
+        pods = states(pod(0), pod(1, deleting=EVICTING, uid="u-1"), pod(2))
+        decision = reconcile(three_nodes(failurePolicy={"disruptionLimit": 1}),
+                             running(nodes={"desired": 3}, disruptions=1), pods, NOW)
+        assert decision.status["phase"] == "Failed"
+        assert "recovery" not in decision.status["failures"][0]
+        assert set(decision.delete) == {"valid-0", "valid-2"}
 
 
 class TestGangRestart:

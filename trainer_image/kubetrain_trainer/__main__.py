@@ -27,7 +27,8 @@ Exit codes (of each worker process)
 - 2: invalid configuration (a user error; retrying will not help).
 - 3: preflight failed (devices missing, peers unreachable).
 - 4: loss or gradient NaN/inf for 5 consecutive steps (each such step is skipped and counted).
-- 5: SIGTERM while blocked on a peer that is gone: no checkpoint could be agreed (see :mod:`.stopping`).
+- 5: SIGTERM while blocked on a peer that is gone: no checkpoint could be agreed (see :mod:`.stopping`); or a
+  peer left and no replacement joined within ``KUBETRAIN_REJOIN_TIMEOUT_SECONDS`` (see :mod:`.rejoin`).
 - 143: stopped by SIGTERM after saving a checkpoint (a graceful stop, not a crash).
 
 Under torchrun the container's exit code is torchrun's: 0 when every worker exited 0, otherwise 1 (a
@@ -53,6 +54,7 @@ from .distributed import DistContext, PreflightError, init_distributed, prefligh
 from .gpu import gpu_collector
 from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, log_json, train
 from .metrics import MetricsServer, TrainerMetrics, serve
+from .rejoin import peer_lost, rejoin_timeout, wait_to_rejoin
 from .stopping import EXIT_PEER_LOST, StopFlag
 from .tasks import Task, TaskContext, build_task
 from .termination import write_termination_message
@@ -125,9 +127,12 @@ def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
     """Train with metrics served; every failure ends as an exit code and a termination message."""
     metrics = TrainerMetrics(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size)
     server: MetricsServer | None = None
+    rejoin = rejoin_timeout(os.environ)
     try:
         server = _serve_metrics(metrics, run_env, ctx)
         code = train(cfg, ctx, _seeded_task(cfg, ctx), metrics, stop)
+        if code == EXIT_STOPPED and not stop.requested and rejoin is not None:
+            return _await_replacement(rejoin, stop, metrics)  # the gang stopped for a peer's SIGTERM, not ours
         _report_end(code, metrics)
         return code
     except ConfigError as exc:
@@ -139,6 +144,9 @@ def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
         _termination_message("NonFiniteLoss", EXIT_NONFINITE, metrics.step, str(exc))
         return EXIT_NONFINITE
     except Exception as exc:
+        if rejoin is not None and peer_lost(exc):
+            print(f"kubetrain-trainer: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return _await_replacement(rejoin, stop, metrics)
         traceback.print_exc()
         _termination_message("Error", EXIT_ERROR, metrics.step, f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
@@ -148,6 +156,18 @@ def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
         teardown()
         if ctx.is_main:
             log_json("exit", step=metrics.step)
+
+
+def _await_replacement(timeout: float, stop: StopFlag, metrics: TrainerMetrics) -> int:
+    """A peer left: alive until torchrun restarts this worker with its replacement (rejoin.py)."""
+    if wait_to_rejoin(timeout, lambda: stop.requested):
+        _termination_message("Stopped", EXIT_STOPPED, metrics.step, "SIGTERM while waiting for a lost peer's "
+                             "replacement (the last checkpoint stands)")
+        return EXIT_STOPPED
+    message = f"a peer left the gang and no replacement joined within {timeout:.0f} s"
+    print(f"kubetrain-trainer: {message}", file=sys.stderr)
+    _termination_message("PeerLost", EXIT_PEER_LOST, metrics.step, message)
+    return EXIT_PEER_LOST
 
 
 def _serve_metrics(metrics: TrainerMetrics, run_env: RunEnv, ctx: DistContext) -> MetricsServer | None:

@@ -133,8 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # a line per scrape would drown the trainer's own log
 
 
-# How often the serving thread looks for close(): a worker that stops (SIGTERM, a gang or in-place restart)
-# waits for it, and http.server's 0.5 s default was most of such a worker's exit.
+# How often the serving thread looks for close(): a worker that stops (SIGTERM, a restart, a lost peer's
+# replacement joining) waits for it, and http.server's 0.5 s default was most of such a worker's exit.
 SHUTDOWN_POLL_SECONDS = 0.05
 
 

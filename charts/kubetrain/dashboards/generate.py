@@ -92,6 +92,7 @@ OPERATOR_METRICS: dict[str, str] = {
     "kubetrain_time_to_running_seconds": "histogram",
     "kubetrain_pod_creations_total": "counter",
     "kubetrain_restarts_total": "counter",
+    "kubetrain_pod_replacements_total": "counter",
     "kubetrain_job_goodput_seconds": "gauge",
 }
 
@@ -508,8 +509,11 @@ def operator_jobs_section() -> Section:
             (f"sum(rate(kubetrain_pod_creations_total{RI}))", "pods/s"), width=12,
         ),
         timeseries_panel(
-            "Restarts by reason", "Gang restarts per interval, by reason.", "none",
-            (f"sum by (reason) (increase(kubetrain_restarts_total{RI}))", "{{reason}}"), width=12,
+            "Restarts by reason", "Gang restarts per interval, by reason; and lost pods replaced alone, the others "
+            "waiting for them at the same attempt.", "none",
+            (f"sum by (reason) (increase(kubetrain_restarts_total{RI}))", "gang restart: {{reason}}"),
+            (f"sum by (reason) (increase(kubetrain_pod_replacements_total{RI}))", "pod replaced: {{reason}}"),
+            width=12,
         ),
     ]
 

@@ -37,7 +37,7 @@ OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles 
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
-                             api.Reason.SCALED, api.Reason.OOM_KILLED})
+                             api.Reason.SCALED, api.Reason.OOM_KILLED, api.Reason.REPLACEMENT_TIMEOUT})
 
 
 class PodIndex(Protocol):
@@ -163,9 +163,10 @@ class OperatorState:
         """Operator metrics from the transition a reconcile made (``after``, with its ``events``)."""
         phase = after.get("phase", "")
         metrics.JOB_GOODPUT.set(job.namespace, job.name, after.get("goodput"))
+        new_attempt = int(after.get("attempt", 0)) > int(before.get("attempt", 0))  # else one pod is replaced
         for event in events:
             if event.reason in RESTART_REASONS and phase == api.Phase.RESTARTING:
-                metrics.RESTARTS.labels(reason=event.reason).inc()
+                (metrics.RESTARTS if new_attempt else metrics.POD_REPLACEMENTS).labels(reason=event.reason).inc()
         first_running = phase == api.Phase.RUNNING and before.get("phase") != api.Phase.RUNNING
         if first_running and int(after.get("attempt", 0)) == 0 and int(after.get("restarts", 0)) == 0:
             created = parse_time(job.created)

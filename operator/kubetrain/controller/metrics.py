@@ -37,6 +37,9 @@ TIME_TO_RUNNING = Histogram(
 )
 POD_CREATIONS = Counter("kubetrain_pod_creations", "Pods created by the operator.")
 RESTARTS = Counter("kubetrain_restarts", "Gang restarts, by reason.", ["reason"])
+POD_REPLACEMENTS = Counter("kubetrain_pod_replacements",
+                           "Lost pods made again alone, at the same attempt, while the others waited, by reason.",
+                           ["reason"])
 
 
 class JobGoodput(Collector):

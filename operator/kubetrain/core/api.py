@@ -128,6 +128,11 @@ class ENV:
     TEE: Final = "PET_TEE"
     SHUTDOWN_TIMEOUT: Final = "PET_SHUTDOWN_TIMEOUT"
     LOG_LINE_PREFIX: Final = "PET_LOG_LINE_PREFIX_TEMPLATE"
+    # The agent's name in the rendezvous, which torch makes of the host's FQDN and its pid: a replacement of a
+    # lost pod has its FQDN and, in a container, often its pid, and would take the lost agent's place as if it
+    # never left. Such pods other than node 0 are named after the pod and its uid (manifests._rendezvous_name).
+    LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
+    POD_UID: Final = "KUBETRAIN_POD_UID"
     # kubetrain's own contract with the trainer image.
     CONFIG: Final = "KUBETRAIN_CONFIG"  # JSON: {"trainer": ..., "data": ..., "checkpoint": ...}
     JOB_NAME: Final = "KUBETRAIN_JOB_NAME"
@@ -140,6 +145,9 @@ class ENV:
     METRICS_PORT: Final = "KUBETRAIN_METRICS_PORT"
     CHECKPOINT_DIR: Final = "KUBETRAIN_CHECKPOINT_DIR"
     DATA_DIR: Final = "KUBETRAIN_DATA_DIR"
+    # Seconds a worker whose peer was lost stays alive for the replacement; set only where the operator replaces
+    # a lost pod alone (launch.lost_pod_wait_seconds).
+    REJOIN_TIMEOUT: Final = "KUBETRAIN_REJOIN_TIMEOUT_SECONDS"
     # Where local rank 0 writes its last words; unset in pods (Kubernetes mounts /dev/termination-log).
     TERMINATION_LOG: Final = "KUBETRAIN_TERMINATION_LOG"
     # torch 2.x reuses one TCPStore across torchrun's in-place restarts; restarted workers then read
@@ -210,6 +218,8 @@ class Reason(StrEnum):
     OOM_KILLED = "OOMKilled"
     INVALID_CONFIG = "InvalidTrainerConfig"
     DISRUPTED = "Disrupted"
+    POD_REPLACED = "PodReplaced"  # a lost pod made again alone, at the same attempt, while the others wait
+    REPLACEMENT_TIMEOUT = "ReplacementTimeout"  # the others gave up waiting for it: the gang restarts, uncounted
     BACKOFF_LIMIT = "BackoffLimitExceeded"
     DEADLINE = "DeadlineExceeded"
     STALLED = "NoHeartbeat"

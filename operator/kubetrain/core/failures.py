@@ -2,7 +2,8 @@
 
 Failure taxonomy (decided from pod status, never guessed):
 - disruption (DisruptionTarget condition, eviction, preemption, node loss, a pod that vanished)
-  -> gang restart that does not count against backoffLimit;
+  -> the lost pod replaced alone while the others wait for it (replace_lost_pods, where the job allows it: never
+  node 0, which hosts the rendezvous), else a gang restart; neither counts against backoffLimit;
 - OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
 - any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
 - torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds), or the agents'
@@ -27,7 +28,8 @@ from typing import Any
 from kubetrain.core import api
 from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.goodput import record_goodput
-from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX
+from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX, lost_pod_wait_seconds
+from kubetrain.core.naming import pod_name
 from kubetrain.core.nodes import exclude_failing_nodes, node_fault
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import (
@@ -58,12 +60,16 @@ __all__ = [
     "gang_restart",
     "handle_failed_pods",
     "recovered",
+    "replace_lost_pods",
+    "replaceable",
     "retry_delay",
     "while_retrying",
 ]
 
 Json = Any
 
+# The trainer's last words when a peer is gone and it cannot go on (its __main__ and rejoin.py).
+PEER_LOST = "PeerLost"
 # How long a failure that only follows another (RendezvousClosedError) waits for that other one to be seen.
 CAUSE_WAIT = timedelta(seconds=5)
 # Timestamps have one-second resolution: a node 0 that started within this of a peer's failure came too late.
@@ -98,9 +104,14 @@ def handle_failed_pods(draft: Draft, current: Sequence[PodState]) -> bool:
         finish(draft, current, False, Reason.OOM_KILLED,
                f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
                "(set failurePolicy.restartOnOOM to retry as is)")
+    elif _replacement_never_came(draft, first, kind):
+        gang_restart(draft, current, Reason.REPLACEMENT_TIMEOUT,
+                     f"{message}: the replacement of a lost pod did not join in time", counted=False, failed=failed)
     elif kind is FailureKind.RENDEZVOUS_TIMEOUT:
         _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True)
         finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
+    elif kind is FailureKind.DISRUPTION and all(p.disrupted for p in failed) and replaceable(draft, failed):
+        replace_lost_pods(draft, current, failed, message)
     elif kind is FailureKind.DISRUPTION:
         gang_restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=failed)
     else:
@@ -169,7 +180,8 @@ def gang_restart(draft: Draft, current: Sequence[PodState], reason: str, message
     """Record the post-mortem, bump the attempt, delete every pod of this attempt; or fail the job when this
     restart is one too many."""
     used_up = _restarts_used_up(draft, reason, counted=counted)
-    _record_failures(draft, failed, reason, message, counted=counted)
+    _record_failures(draft, failed, reason, message, counted=counted,
+                     recovery=None if used_up else Reason.GANG_RESTART)
     if used_up is not None:
         final_reason, explanation = used_up
         finish(draft, current, False, final_reason, f"{message}; {explanation}")
@@ -184,10 +196,70 @@ def gang_restart(draft: Draft, current: Sequence[PodState], reason: str, message
     draft.status.pop("runningTime", None)
     draft.status.pop("attemptStartTime", None)
     text = f"{message}; gang restart as attempt {draft.attempt}" + ("" if counted else " (not counted)")
-    draft.phase(Phase.RESTARTING, text, Event("Warning", reason, text))
+    draft.events.append(Event("Warning", reason, text))  # also from Restarting (a replacement that never came)
+    draft.phase(Phase.RESTARTING, text)
     draft.condition(ConditionType.RESTARTING, True, reason, text)
     draft.condition(ConditionType.RUNNING, False, reason, text)
     draft.remove(current)
+
+
+# --- One lost pod replaced alone -----------------------------------------------------------------------------
+
+
+def replaceable(draft: Draft, lost: Sequence[PodState | int]) -> bool:
+    """Whether the job's ``lost`` pods (or indices) can be replaced alone: the job allows it
+    (launch.lost_pod_wait_seconds) and node 0 is not among them (its agent hosts the rendezvous store)."""
+    indices = {p if isinstance(p, int) else p.index for p in lost}
+    return lost_pod_wait_seconds(draft.job) is not None and RENDEZVOUS_HOST_INDEX not in indices
+
+
+def replace_lost_pods(draft: Draft, current: Sequence[PodState], lost: Sequence[PodState], message: str, *,
+                      vanished: Sequence[int] = ()) -> None:
+    """Remove the ``lost`` pods (evicted, preempted, failed with their node) and the ``vanished`` indices' pods
+    come again at the same attempt (lifecycle's missing pods), while the others wait for them (the trainer's
+    rejoin.py); or fail the job when this disruption is one too many.
+
+    Counted once, however many reconciles see it: a pod already in failures[] (by uid) is not counted again,
+    and a vanished pod is counted by the pass that leaves Running (the next one sees the job Restarting).
+    """
+    new = [p for p in lost if not _recorded(draft, p)]
+    if new or vanished:
+        used_up = _restarts_used_up(draft, Reason.DISRUPTED, counted=False)
+        _record_failures(draft, new, Reason.DISRUPTED, message, counted=False,
+                         recovery=None if used_up else Reason.POD_REPLACED)
+        if used_up is not None:
+            finish(draft, current, False, used_up[0], f"{message}; {used_up[1]}")
+            return
+        draft.status["disruptions"] = int(draft.status.get("disruptions", 0)) + 1
+        names = [p.name for p in new] + [pod_name(draft.job.name, i) for i in vanished]
+        draft.events.append(Event("Warning", Reason.DISRUPTED,
+                                  f"{message}; replacing pod(s) {some_names(names)} alone at attempt {draft.attempt}: "
+                                  "the others wait for it (not counted)"[:1024]))
+    draft.remove(lost)
+    draft.status.pop("runningTime", None)  # the stall clock starts again once the gang trains again
+    waiting = [p.name for p in lost] + [pod_name(draft.job.name, i) for i in vanished]
+    text = (f"replacing lost pod(s) {some_names(waiting)} at attempt {draft.attempt}; the others wait for it "
+            f"(the last cause: {message})")
+    draft.phase(Phase.RESTARTING, text)
+    draft.condition(ConditionType.RESTARTING, True, Reason.POD_REPLACED, text)
+    draft.condition(ConditionType.RUNNING, False, Reason.POD_REPLACED, text)
+
+
+def _replacement_never_came(draft: Draft, first: PodState, kind: FailureKind | None) -> bool:
+    """A pod was replaced in this attempt, and the gang did not form again: a survivor gave up waiting (the
+    trainer's PeerLost), or an agent timed out in the rendezvous (torch dropped a live agent that was late with
+    its heartbeats, and the others never saw the replacement). The disruption, counted when the pod was lost,
+    now costs a gang restart, which is not counted again: the job does not fail for it."""
+    report = first.final_report() or {}
+    gave_up = report.get("reason") == PEER_LOST or kind is FailureKind.RENDEZVOUS_TIMEOUT
+    return gave_up and any(
+        r.get("attempt") == draft.attempt and r.get("recovery") == Reason.POD_REPLACED
+        for r in draft.status.get("failures", ()))
+
+
+def _recorded(draft: Draft, pod: PodState) -> bool:
+    """Whether this incarnation of the pod is in failures[] already (a disruption seen by an earlier pass)."""
+    return pod.uid is not None and any(r.get("podUID") == pod.uid for r in draft.status.get("failures", ()))
 
 
 def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str, str] | None:
@@ -205,16 +277,21 @@ def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str,
 
 
 def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, message: str, *,
-                     counted: bool) -> None:
-    """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod)."""
+                     counted: bool, recovery: str | None = None) -> None:
+    """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod), with the
+    recovery it led to (a gang restart, or the pod replaced alone; none when the job ends)."""
     base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
                              "time": isoformat(draft.now), "message": message[:1024]}
+    if recovery is not None:
+        base["recovery"] = recovery
     records = list(draft.status.get("failures", []))
     earlier = len(records)
     if not failed:
         records.append(base)
     for pod in failed:
         record = base | {"pod": pod.name, "node": pod.node or "", "reason": pod.reason or reason}
+        if pod.uid:
+            record["podUID"] = pod.uid
         if pod.exit_code is not None:
             record["exitCode"] = pod.exit_code
         if pod.message:  # the post-mortem that outlives the pod (`kubetrain logs --attempt N`)

@@ -8,18 +8,27 @@ needs travels as the PET_* variables it reads natively, so the command line is j
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from kubetrain.core import api
 from kubetrain.core.spec import TrainingJob, thaw
 
-__all__ = ["RENDEZVOUS_HOST_INDEX", "Placement", "in_place_restarts", "launch_env", "program_args", "rendezvous_conf",
-           "rendezvous_id", "worker_shutdown_seconds"]
+__all__ = ["RENDEZVOUS_HOST_INDEX", "Placement", "in_place_restarts", "keep_alive_seconds", "launch_env",
+           "lost_pod_wait_seconds", "program_args", "rendezvous_conf", "rendezvous_id", "worker_shutdown_seconds"]
 
 # Seconds torchrun keeps for itself between its workers' deadline and the pod's: it reports and exits in time.
 AGENT_EXIT_SECONDS = 2
 # How long an elastic rendezvous that has its minNodes waits for more agents before it starts.
 ELASTIC_LAST_CALL_SECONDS = 5
+# Each agent's heartbeat rewrites the whole rendezvous state (its size grows with the gang): one second more
+# between heartbeats per this many nodes, up to torch's own 5 s.
+KEEP_ALIVE_NODES_PER_SECOND = 16
+TORCH_KEEP_ALIVE_SECONDS = 5
+# Heartbeats an agent may miss before the others drop it. torch skips a tick that comes less than an interval
+# after the last beat, so beats go 1 to 2 intervals apart: 4 leave a live agent two intervals of slack (for a
+# stall, or clocks apart: each agent stamps its own beats), and a lost agent's replacement waits 4-5 s.
+KEEP_ALIVE_MISSES = 4
 
 
 # The node whose agent hosts the rendezvous store: the endpoint names its pod.
@@ -69,13 +78,27 @@ def rendezvous_conf(job: TrainingJob, index: int) -> str:
     the same bound, or a node 0 that waits minutes for a machine (an autoscaler) fails its peers early.
     An elastic rendezvous that has its minimum waits last_call_timeout for more agents (torch's default 30 s);
     the operator creates a gang's pods at once, so a short last call only sends a straggler to the next round.
+    keep_alive_interval: see keep_alive_seconds.
     """
     seconds = job.spec.failure_policy.rendezvous_timeout_seconds
     is_host = "true" if index == RENDEZVOUS_HOST_INDEX else "false"
-    conf = f"is_host={is_host},join_timeout={seconds},read_timeout={seconds}"
+    widest = job.spec.nodes if job.spec.elastic is None else job.spec.elastic.max_nodes
+    conf = (f"is_host={is_host},join_timeout={seconds},read_timeout={seconds},"
+            f"keep_alive_interval={keep_alive_seconds(widest)},keep_alive_max_attempt={KEEP_ALIVE_MISSES}")
     if job.spec.elastic is not None:
         conf += f",last_call_timeout={ELASTIC_LAST_CALL_SECONDS}"
     return conf
+
+
+def keep_alive_seconds(nodes: int) -> int:
+    """Seconds between an agent's rendezvous heartbeats, for a gang of up to ``nodes`` nodes.
+
+    A lost agent leaves the rendezvous after KEEP_ALIVE_MISSES missed heartbeats, and the survivors can take in
+    its replacement (failures.replace_lost_pods) only then: torch's 5 s would make that 25 s, longer than this
+    lab's whole gang restart. A small gang beats every second (5 s); a wide one keeps torch's rate, because each
+    heartbeat rewrites the whole state, whose size grows with the gang.
+    """
+    return min(TORCH_KEEP_ALIVE_SECONDS, max(1, math.ceil(nodes / KEEP_ALIVE_NODES_PER_SECOND)))
 
 
 def in_place_restarts(job: TrainingJob) -> int:
@@ -88,6 +111,21 @@ def in_place_restarts(job: TrainingJob) -> int:
     spec = job.spec
     width = spec.elastic.max_nodes - spec.elastic.min_nodes if spec.elastic is not None else 0
     return spec.failure_policy.max_restarts + width
+
+
+def lost_pod_wait_seconds(job: TrainingJob) -> int | None:
+    """How long the other nodes wait for a lost pod's replacement; None when a lost pod restarts the gang.
+
+    A lost pod is replaced alone, at the same attempt (failures.replace_lost_pods), only where the others wait
+    for it alive: the built-in trainer on more than one node (a user's program exits on the lost peer). It
+    resumes with them from the claim every pod of such a job mounts (spec.py requires one). The wait spans
+    the lost pod's grace period, then the replacement's placement and start, which any joining agent gets
+    (rendezvousTimeoutSeconds).
+    """
+    spec = job.spec
+    if spec.command is not None or spec.nodes < 2:
+        return None
+    return spec.run_policy.termination_grace_period_seconds + spec.failure_policy.rendezvous_timeout_seconds
 
 
 def launch_env(job: TrainingJob, index: int, attempt: int, placement: Placement) -> dict[str, str]:

@@ -10,7 +10,8 @@ checkpoints, and resuming starts a new attempt. Besides failed pods:
 - no heartbeat for stallTimeoutSeconds while Running, as seen by a scrape of rank 0 -> condition Stalled and
   a counted gang restart; while rank 0 cannot be scraped, progress is unknown (condition ProgressKnown False,
   reason ScrapeFailed), which is never a stall;
-- a pod of the attempt that vanished or is being deleted by the cluster -> an uncounted gang restart;
+- a pod of the attempt that vanished or is being deleted by the cluster -> that pod made again alone while the
+  others wait (failures.replace_lost_pods), else an uncounted gang restart;
 - an elastic job's nodes lowered -> the pods above it are deleted, the rest re-rendezvous: no restart at all.
 Pods of an earlier job of the same name (another uid) are never this job's: they are deleted first.
 """
@@ -22,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kubetrain.core.api import ConditionType, Phase, Reason
-from kubetrain.core.failures import gang_restart, handle_failed_pods
+from kubetrain.core.failures import gang_restart, handle_failed_pods, replace_lost_pods, replaceable
 from kubetrain.core.goodput import record_goodput
 from kubetrain.core.naming import job_selector, pod_name
 from kubetrain.core.nodes import excluded_note, forget_cleared
@@ -174,16 +175,20 @@ def _handle_lost_or_extra(draft: Draft, current: Sequence[PodState]) -> bool:
     previous_desired = int((draft.status.get("nodes") or {}).get("desired", spec.nodes))
     lost = [i for i in range(min(previous_desired, spec.nodes)) if i not in present]
     if was_complete and lost:
-        gang_restart(draft, current, Reason.DISRUPTED,
-                     f"pod(s) {some_names([str(i) for i in lost])} disappeared", counted=False)
-        return True
-    # The operator deletes pods only after moving to the next attempt: a pod of this attempt that is
-    # being deleted was evicted, preempted or removed with its node (the taint manager) by someone else.
+        message = f"pod(s) {some_names([str(i) for i in lost])} disappeared"
+        if not replaceable(draft, lost):
+            gang_restart(draft, current, Reason.DISRUPTED, message, counted=False)
+            return True
+        replace_lost_pods(draft, current, [], message, vanished=lost)  # made again below, with the missing
+    # The operator deletes pods of this attempt only when they ended: a pod of this attempt that is being
+    # deleted while it runs was evicted, preempted or removed with its node (the taint manager) by someone else.
     evicted = [p for p in current if p.deleting and not p.finished]
     if evicted:
-        gang_restart(draft, current, Reason.DISRUPTED,
-                     f"pod {evicted[0].name} is being deleted by the cluster (eviction, preemption or node loss)",
-                     counted=False, failed=evicted)
+        message = f"pod {evicted[0].name} is being deleted by the cluster (eviction, preemption or node loss)"
+        if replaceable(draft, evicted):
+            replace_lost_pods(draft, current, evicted, message)
+        else:
+            gang_restart(draft, current, Reason.DISRUPTED, message, counted=False, failed=evicted)
         return True
     extra = [p for p in current if p.index >= spec.nodes and not p.finished]
     if extra:
@@ -260,8 +265,7 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
         draft.status.setdefault("attemptStartTime", isoformat(draft.now))
         message = f"creating {len(draft.create)} pod(s) for attempt {draft.attempt}"
         draft.condition(ConditionType.CREATED, True, Reason.CREATED, message)
-        reason = Reason.CREATED if not current else Reason.SCALED
-        draft.events.append(Event("Normal", reason, message))
+        draft.events.append(Event("Normal", _creation_reason(draft, current), message))
     unscheduled = [p for p in current if not p.scheduled]
     running = counts.ready + counts.succeeded
     if running >= spec.nodes:
@@ -279,6 +283,13 @@ def _progress_attempt(draft: Draft, current: Sequence[PodState], blocked: Sequen
         message = f"{counts.ready}/{spec.nodes} pods running"
         draft.phase(Phase.STARTING, message)
         draft.condition(ConditionType.RUNNING, False, Reason.PODS_STARTING, message)
+
+
+def _creation_reason(draft: Draft, current: Sequence[PodState]) -> Reason:
+    """Why pods are created: a new attempt, a lost pod replaced (the job says Restarting), or an elastic scale-up."""
+    if not current:
+        return Reason.CREATED
+    return Reason.POD_REPLACED if draft.status.get("phase") == Phase.RESTARTING else Reason.SCALED
 
 
 def _report_running(draft: Draft, message: str, reason: Reason) -> None:

@@ -12,7 +12,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kubetrain.core import api
-from kubetrain.core.launch import RENDEZVOUS_HOST_INDEX, Placement, launch_env, program_args, rendezvous_id
+from kubetrain.core.launch import (
+    RENDEZVOUS_HOST_INDEX,
+    Placement,
+    launch_env,
+    lost_pod_wait_seconds,
+    program_args,
+    rendezvous_id,
+)
 from kubetrain.core.naming import identity_labels, job_labels, pod_group_name, pod_name
 from kubetrain.core.spec import TrainingJob, thaw
 
@@ -89,6 +96,19 @@ def build_pod_group(job: TrainingJob, attempt: int) -> dict[str, Json]:
     }
 
 
+def _rendezvous_name(job: TrainingJob, index: int) -> list[dict[str, Json]]:
+    """A name for this pod's agent in the rendezvous that its replacement does not share (api.ENV.LOCAL_ADDR).
+
+    Not for node 0: it is never replaced, and its name is the address the workers meet at (torch's default, its
+    FQDN). The others' names start like their FQDN, so that torch, which ranks the agents by name, still makes
+    node 0 global rank 0 (progress.py reads it there).
+    """
+    if index == RENDEZVOUS_HOST_INDEX:
+        return []
+    return [{"name": api.ENV.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": api.ENV.LOCAL_ADDR, "value": f"{pod_name(job.name, index)}.$({api.ENV.POD_UID})"}]
+
+
 def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
     placement = Placement(
         rendezvous_endpoint=f"{pod_name(job.name, RENDEZVOUS_HOST_INDEX)}.{job.name}:{api.RENDEZVOUS_PORT}",
@@ -98,6 +118,10 @@ def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
     )
     env: list[dict[str, Json]] = [{"name": name, "value": value}
                                   for name, value in launch_env(job, index, attempt, placement).items()]
+    wait = lost_pod_wait_seconds(job)
+    if wait is not None:  # a pod, unlike `kubetrain run`'s processes, is replaced when lost
+        env.append({"name": api.ENV.REJOIN_TIMEOUT, "value": str(wait)})
+        env += _rendezvous_name(job, index)
     env += [
         {"name": api.ENV.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": api.ENV.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

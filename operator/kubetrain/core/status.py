@@ -107,6 +107,7 @@ class PodState:
     has_owner: bool = True  # has an owner reference (one made just before a crash may lack it: adopted)
     # Why the scheduler does not place it (its PodScheduled=False message; for a gang, the whole group's reason).
     unschedulable: str | None = None
+    uid: str | None = None  # this incarnation of the pod (a replacement has the same name, another uid)
 
     @property
     def finished(self) -> bool:
@@ -199,6 +200,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         ip=status.get("podIP"),
         has_owner=bool(metadata.get("ownerReferences")),
         unschedulable=placing.get("message") or placing.get("reason") if placing.get("reason") in _UNPLACED else None,
+        uid=metadata.get("uid"),
     )
 
 
