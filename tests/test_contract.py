@@ -19,6 +19,7 @@ from kubetrain.core.manifests import RUN_AS_USER, build_pod
 from kubetrain.core.spec import parse
 from kubetrain_trainer import config as trainer_config
 from kubetrain_trainer import rejoin as trainer_rejoin
+from kubetrain_trainer import stacks as trainer_stacks
 from tests.invalid_specs import base_job
 
 ROOT = Path(__file__).parent.parent
@@ -32,6 +33,7 @@ def test_env_names_and_ports_match() -> None:
     assert trainer_config.METRICS_PORT_ENV == api.ENV.METRICS_PORT
     assert trainer_rejoin.REJOIN_TIMEOUT_ENV == api.ENV.REJOIN_TIMEOUT
     assert trainer_config.DEFAULT_METRICS_PORT == api.METRICS_PORT
+    assert trainer_stacks.STACKS_PATH == api.STACKS_PATH
 
 
 def _pod_env(document: dict) -> dict[str, str]:  # type: ignore[type-arg]

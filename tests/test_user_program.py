@@ -66,3 +66,46 @@ def test_a_reporting_program_shows_progress_and_its_hang_is_caught_as_a_stall(la
              interval=0.5)
     status = jobs.wait_phase("mine", "Succeeded", timeout=180)
     assert status["restarts"] == 1
+
+
+# Three ranks all-reduce a step at a time over gloo; at step 10 rank 2 sleeps before its all-reduce, and ranks
+# 0 and 1 wait in theirs. Attempt 1 finishes at once.
+ONE_RANK_BEHIND = (
+    "import os, sys, time\n"
+    "import torch, torch.distributed as dist\n"
+    "from kubetrain_trainer import report\n"
+    "if os.environ['KUBETRAIN_ATTEMPT'] != '0':\n"
+    "    sys.exit(0)\n"
+    "dist.init_process_group('gloo')\n"
+    "for step in range(1, 1000):\n"
+    "    if step == 10 and dist.get_rank() == 2:\n"
+    "        time.sleep(600)\n"
+    "    dist.all_reduce(torch.ones(1))\n"
+    "    report(step=step, total_steps=1000, loss=1.0, samples=3)\n"
+    "    time.sleep(0.2)\n"
+)
+SLEEP_LINE = ONE_RANK_BEHIND.splitlines().index("        time.sleep(600)") + 1
+ALL_REDUCE_LINE = SLEEP_LINE + 1
+
+
+def test_a_hang_names_the_rank_that_is_not_in_the_collective_the_others_wait_in(lab: Lab, jobs: Jobs) -> None:
+    jobs.create("behind", {
+        "nodes": 1, "procsPerNode": 3, "command": ["python", "-c", ONE_RANK_BEHIND],
+        "resources": {"cpu": "100m", "memory": "2Gi", "sharedMemory": "64Mi"},
+        "failurePolicy": {"stallTimeoutSeconds": STALL_TIMEOUT},
+        "runPolicy": {"terminationGracePeriodSeconds": 5},
+    })
+    status = jobs.wait("behind", lambda s: bool(s.get("failures")), "the stall's post-mortem", timeout=240)
+    failure = status["failures"][0]
+    assert failure["reason"] == "NoHeartbeat", failure
+    hang = failure["hang"]
+    node = lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods/behind-0")["spec"]["nodeName"]
+    assert hang["culprits"] == [{"rank": 2, "pod": "behind-0", "node": node,
+                                 "where": f"at <string>:{SLEEP_LINE} in <module>"}], hang
+    assert hang["summary"] == (f"rank 2 (pod behind-0 on {node}) is at <string>:{SLEEP_LINE} in <module>; "
+                               f"ranks 0-1 are waiting in all_reduce at <string>:{ALL_REDUCE_LINE} in <module>")
+    assert hang["summary"] in failure["message"] and hang["summary"] in condition(status, "Stalled")["message"]
+    assert [group["ranks"] for group in hang["stacks"]] == ["2", "0-1"], hang
+    assert hang["stacks"][1]["stack"].endswith("in all_reduce"), hang
+    status = jobs.wait_phase("behind", "Succeeded", timeout=180)
+    assert status["restarts"] == 1

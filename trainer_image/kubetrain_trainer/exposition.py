@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from operator import itemgetter
 from typing import Any, Final
 
+from .stacks import STACKS_PATH, stacks_answer
+
 __all__ = ["CONTENT_TYPE", "ExpositionServer", "header", "label_text", "number", "render_families"]
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -117,12 +119,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/favicon.ico"):
             self.send_error(404)
             return
-        body = self.server.render().encode("utf-8")
+        if self.path.split("?")[0] == STACKS_PATH:
+            self._send(stacks_answer(), "application/json", zipped=False)
+            return
         zipped = "gzip" in self.headers.get("Accept-Encoding", "")
+        self._send(self.server.render().encode("utf-8"), CONTENT_TYPE, zipped=zipped)
+
+    def _send(self, body: bytes, content_type: str, *, zipped: bool) -> None:
         if zipped:
             body = gzip.compress(body, compresslevel=1)  # Prometheus asks for it; level 1 is nearly free
         self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if zipped:
             self.send_header("Content-Encoding", "gzip")
@@ -139,8 +146,8 @@ SHUTDOWN_POLL_SECONDS = 0.05
 
 
 class ExpositionServer(HTTPServer):
-    """Serves ``render()`` on every path but /favicon.ico, from one daemon thread: scrapes are rare and short,
-    so one thread is enough, and no thread is started per request."""
+    """Serves ``render()`` on every path but /favicon.ico and /stacks (stacks.py), from one daemon thread:
+    scrapes are rare and short, so one thread is enough, and no thread is started per request."""
 
     allow_reuse_address = True
 

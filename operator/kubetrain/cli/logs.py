@@ -75,6 +75,16 @@ def failure_lines(status: Mapping[str, Json], attempt: int) -> list[str]:
         code = f", exit code {record['exitCode']}" if "exitCode" in record else ""
         lines.append(f"{where}: {record.get('reason', 'Failed')}{code} at {record.get('time', '?')}")
         lines += [f"  {line}" for line in str(record.get("logTail") or record.get("message") or "").splitlines()]
+        lines += _hang_lines(record.get("hang") or {})
+    return lines
+
+
+def _hang_lines(hang: Mapping[str, Json]) -> list[str]:
+    """A stall's stacks, as the ranks answered before the restart: each distinct stack once."""
+    lines = []
+    for group in hang.get("stacks") or []:
+        lines.append(f"  stack of rank(s) {group.get('ranks', '?')}, innermost last:")
+        lines += [f"    {line}" for line in str(group.get("stack", "")).splitlines()]
     return lines
 
 

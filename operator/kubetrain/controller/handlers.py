@@ -39,7 +39,8 @@ from kubetrain.controller.queueing import admit, settle
 from kubetrain.core import api, judgements
 from kubetrain.core.failures import failed_reconcile, recovered, retry_delay, while_retrying
 from kubetrain.core.goodput import worth_writing
-from kubetrain.core.lifecycle import reconcile
+from kubetrain.core.hangs import Hang, RankStack, Silent, explain
+from kubetrain.core.lifecycle import declares_stall, reconcile
 from kubetrain.core.manifests import build_pod, owner_reference
 from kubetrain.core.nodes import excluded_names, needs_ready_nodes, ready_node_names
 from kubetrain.core.spec import SpecError, TrainingJob
@@ -54,7 +55,7 @@ from kubetrain.k8s.kube import (
     login,
 )
 from kubetrain.k8s.podwatch import PodWatch
-from kubetrain.k8s.scrape import fetch_progress
+from kubetrain.k8s.scrape import fetch_progress, fetch_stacks
 from kubetrain.k8s.workqueue import WorkQueue
 
 __all__ = ["operator_state"]
@@ -264,6 +265,9 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     ready = await _ready_nodes(state, logger) if needs_ready_nodes(pods, int(before.get("attempt", 0))) else None
     now = datetime.now(UTC)
     decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready)
+    if declares_stall(decision, now):  # ask the ranks where they are before their pods go, and say it
+        hang = await _where_the_ranks_are(state, job, [p for p in pods if p.attempt == before.get("attempt", 0)])
+        decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready, hang=hang)
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
@@ -280,6 +284,14 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
         raise
     await settle(state, record, gate, decision.status, pods)  # its Workload Finished, or its quota given back
     return decision
+
+
+async def _where_the_ranks_are(state: OperatorState, job: TrainingJob, stalled: list[PodState]) -> Hang:
+    """Every rank's stack (their /stacks, all asked at once), compared: core/hangs.py."""
+    running = [(p.name, p.ip) for p in stalled if p.ip and p.phase == "Running"]
+    answers = await fetch_stacks(state.http, running, job.spec.procs_per_node)
+    return explain([a for a in answers if isinstance(a, RankStack)], [a for a in answers if isinstance(a, Silent)],
+                   nodes={p.name: p.node or "" for p in stalled})
 
 
 async def _ready_nodes(state: OperatorState, logger: HandlerLogger) -> frozenset[str] | None:

@@ -33,6 +33,7 @@ __all__ = [
     "SHM_VOLUME",
     "SHORT_NAME",
     "SINGULAR",
+    "STACKS_PATH",
     "VERSION",
     "ConditionType",
     "GangScheduling",
@@ -60,6 +61,8 @@ DEFAULT_TRAINER_IMAGE: Final = f"kubetrain/trainer:{RELEASE}"
 # Ports inside every pod. The trainer serves metrics on METRICS_PORT + local rank.
 RENDEZVOUS_PORT: Final = 29400
 METRICS_PORT: Final = 9400
+# Where each rank answers with its main thread's stack (kubetrain_trainer.stacks.STACKS_PATH), on its metrics port.
+STACKS_PATH: Final = "/stacks"
 
 CONTAINER_NAME: Final = "trainer"
 GPU_RESOURCE: Final = "nvidia.com/gpu"

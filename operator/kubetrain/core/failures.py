@@ -176,12 +176,12 @@ def _rendezvous_timeout_message(draft: Draft, current: Sequence[PodState], first
 
 
 def gang_restart(draft: Draft, current: Sequence[PodState], reason: str, message: str, *, counted: bool,
-                 failed: Sequence[PodState] = ()) -> None:
-    """Record the post-mortem, bump the attempt, delete every pod of this attempt; or fail the job when this
-    restart is one too many."""
+                 failed: Sequence[PodState] = (), details: Mapping[str, Json] | None = None) -> None:
+    """Record the post-mortem (with ``details``, e.g. a stall's hang), bump the attempt, delete every pod of
+    this attempt; or fail the job when this restart is one too many."""
     used_up = _restarts_used_up(draft, reason, counted=counted)
     _record_failures(draft, failed, reason, message, counted=counted,
-                     recovery=None if used_up else Reason.GANG_RESTART)
+                     recovery=None if used_up else Reason.GANG_RESTART, details=details)
     if used_up is not None:
         final_reason, explanation = used_up
         finish(draft, current, False, final_reason, f"{message}; {explanation}")
@@ -277,13 +277,14 @@ def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str,
 
 
 def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, message: str, *,
-                     counted: bool, recovery: str | None = None) -> None:
+                     counted: bool, recovery: str | None = None, details: Mapping[str, Json] | None = None) -> None:
     """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod), with the
     recovery it led to (a gang restart, or the pod replaced alone; none when the job ends)."""
     base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
                              "time": isoformat(draft.now), "message": message[:1024]}
     if recovery is not None:
         base["recovery"] = recovery
+    base |= details or {}
     records = list(draft.status.get("failures", []))
     earlier = len(records)
     if not failed:

@@ -25,6 +25,7 @@ from typing import Any
 from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.failures import gang_restart, handle_failed_pods, replace_lost_pods, replaceable
 from kubetrain.core.goodput import record_goodput
+from kubetrain.core.hangs import Hang
 from kubetrain.core.naming import job_selector, pod_name
 from kubetrain.core.nodes import excluded_note, forget_cleared
 from kubetrain.core.queueing import Admission, QueueState, hold, record_admission
@@ -42,7 +43,7 @@ from kubetrain.core.status_policy import (
     record_scrape,
 )
 
-__all__ = ["reconcile"]
+__all__ = ["declares_stall", "reconcile"]
 
 Json = Any
 
@@ -56,15 +57,18 @@ def reconcile(
     *,
     queue: Admission | None = None,
     ready_nodes: frozenset[str] | None = None,
+    hang: Hang | None = None,
 ) -> Decision:
     """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``.
 
     ``progress``: what a scrape of rank 0 read now (a Progress, or a Scrape that may have failed); None when
     rank 0 was not scraped this time. ``queue``: what Kueue says of the job's Workload (queueing.py); None for
     a job in no Kueue queue. ``ready_nodes``: the cluster's Ready nodes, read when a failure points at a node
-    (a node is excluded only while the gang still fits on the rest).
+    (a node is excluded only while the gang still fits on the rest). ``hang``: the ranks' stacks compared,
+    which the controller asks for when a decision restarts a stalled gang (:func:`declares_stall`), and then
+    decides again with them.
     """
-    draft = Draft.from_stored(job, status, now, ready_nodes)
+    draft = Draft.from_stored(job, status, now, ready_nodes, hang)
     draft.status["observedGeneration"] = job.generation
     draft.status["selector"] = job_selector(job.name, job.uid)
     # Pods of an earlier job of the same name (deleted with --cascade=orphan) are never this job's.
@@ -214,9 +218,19 @@ def _handle_stall(draft: Draft, current: Sequence[PodState]) -> bool:
         draft.requeue((last_sign + timedelta(seconds=timeout) - draft.now).total_seconds())
         return False
     message = f"no training heartbeat for {int(silent)}s (stallTimeoutSeconds={timeout})"
+    if draft.hang is not None:
+        message += f"; {draft.hang.summary}"
     draft.condition(ConditionType.STALLED, True, Reason.STALLED, message)
-    gang_restart(draft, current, Reason.STALLED, message, counted=True)
+    gang_restart(draft, current, Reason.STALLED, message, counted=True,
+                 details={"hang": draft.hang.record()} if draft.hang else None)
     return True
+
+
+def declares_stall(decision: Decision, now: datetime) -> bool:
+    """Whether ``decision``, made at ``now``, restarts the gang for a stall (or ends the job for one): the
+    ranks are then worth asking where they are, before their pods go."""
+    return any(r.get("reason") == Reason.STALLED and r.get("time") == isoformat(now)
+               for r in decision.status.get("failures", []))
 
 
 def _last_seen(status: Mapping[str, Json]) -> datetime | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubetrain.core import api
 from kubetrain.core.api import ConditionType, Phase, Reason
+from kubetrain.core.hangs import Hang
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import (
     PodState,
@@ -114,12 +115,14 @@ class Draft:
     requeue_after: float | None = None
     # The cluster's Ready nodes open to pods, when the controller read them (nodes.exclude_failing_nodes).
     ready_nodes: frozenset[str] | None = None
+    # The ranks' stacks compared, when the controller asked for them before a stall's restart (hangs.py).
+    hang: Hang | None = None
 
     @classmethod
     def from_stored(cls, job: TrainingJob, status: Mapping[str, Json], now: datetime,
-                    ready_nodes: frozenset[str] | None = None) -> Draft:
+                    ready_nodes: frozenset[str] | None = None, hang: Hang | None = None) -> Draft:
         """A draft that starts from a copy of ``status``: the stored one is never changed."""
-        return cls(job=job, now=now, status=_copied(dict(status)), ready_nodes=ready_nodes)
+        return cls(job=job, now=now, status=_copied(dict(status)), ready_nodes=ready_nodes, hang=hang)
 
     @property
     def attempt(self) -> int:
