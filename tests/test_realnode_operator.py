@@ -33,6 +33,7 @@ from tests.lab.procs import wait_for
 from tests.lab.prometheus import Prometheus, start_prometheus
 from tests.lab.rest import Rest
 from tests.monitoring import MONITORING_CRDS, service_monitor_job
+from tests.test_operator import evict
 
 pytestmark = [pytest.mark.lab, pytest.mark.real_node]
 Json = Any
@@ -320,6 +321,27 @@ def _assert_checkpoints_written_by_uid_1000(lab: Lab, namespace: str) -> None:
     files = [p for p in Path(volume["spec"]["hostPath"]["path"]).rglob("*") if p.is_file()]
     assert files, "checkpoints on the claim"
     assert {os.stat(p).st_uid for p in files} == {1000}
+
+
+def test_an_evicted_container_pod_is_replaced_alone_while_the_other_waits(in_cluster: InCluster,
+                                                                           real_namespace: str) -> None:
+    """Issue 29.2 with containers: each agent's pid is its container's own, so a replacement may have the pid of
+    the pod it replaces; named by pod and uid in the rendezvous, it joins as a new member."""
+    lab = in_cluster.lab
+    jobs = Jobs(lab, real_namespace)
+    lab.kubectl("apply", "-n", real_namespace, "-f", str(CLAIM))
+    lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job(max_steps=KILLED_JOURNEY_STEPS))
+    saved = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 50,
+                      "a first checkpoint", timeout=600)["lastCheckpoint"]["step"]
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("digits")}
+    evict(lab, real_namespace, "digits-1")
+    status = jobs.wait_phase("digits", "Succeeded", timeout=900)
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("digits")}
+    assert after["digits-0"] == uids["digits-0"] and after["digits-1"] != uids["digits-1"], (uids, after)
+    assert (status["attempt"], status["restarts"], status["disruptions"]) == (0, 0, 1), status
+    (failure,) = status["failures"]
+    assert (failure["pod"], failure["recovery"]) == ("digits-1", "PodReplaced"), failure
+    assert status["progress"]["resumedFromStep"] >= saved, status["progress"]
 
 
 def test_job_over_its_memory_limit_fails_oomkilled(in_cluster: InCluster, real_namespace: str) -> None:
