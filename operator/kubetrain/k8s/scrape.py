@@ -59,8 +59,12 @@ async def _fetch_stack(session: aiohttp.ClientSession, url: str, pod: str, local
         async with session.get(url, timeout=timeout) as response:
             if response.status != 200:
                 return Silent(pod, local_rank, f"HTTP {response.status}")
-            return parse_stack(json.loads(await response.text()))
+            text = await response.text()
     except TimeoutError:
         return Silent(pod, local_rank, f"no answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
-    except (aiohttp.ClientError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+    except (aiohttp.ClientError, UnicodeDecodeError) as error:
         return Silent(pod, local_rank, f"{type(error).__name__}: {error}"[:200])
+    try:
+        return parse_stack(json.loads(text))
+    except (ValueError, KeyError, TypeError):
+        return Silent(pod, local_rank, "its port serves no stack: not kubetrain_trainer's server")
