@@ -9,10 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 import aiohttp
+import pytest
 
 from kubetrain.cli.logs import failure_lines
 from kubetrain.cli.ports import free_port
@@ -133,6 +135,11 @@ def test_the_trainer_answers_with_its_main_thread_s_stack_while_that_thread_is_b
         assert (stack.rank, stack.pod) == (3, "job-1")
         assert [f.function for f in stack.frames] == ["<module>", "waiting_for_the_others"]
         assert stack.position == Frame("<string>", 7, "waiting_for_the_others")
+        # A process that cannot checkpoint on request (report()'s, this one's) says so.
+        refused = urllib.request.Request(f"http://127.0.0.1:{port}/checkpoint", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(refused, timeout=10)
+        assert answer.value.code == 501
         # The operator's read: this rank as local rank 0, and a local rank 1 that serves nothing.
         answers = asyncio.run(_operator_reads(port))
         assert answers[0] == stack

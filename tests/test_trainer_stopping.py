@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -17,7 +18,7 @@ import pytest
 from kubetrain.cli.ports import free_port_range
 from kubetrain_trainer.metrics import TrainerMetrics
 from kubetrain_trainer.stopping import STOP_PATIENCE_MIN_SECONDS, STOP_PATIENCE_STEPS, StopFlag, stop_patience
-from tests.trainer_helpers import scrape, start_trainer, stop_process_group, wait_for
+from tests.trainer_helpers import parse_events, scrape, start_trainer, stop_process_group, wait_for
 
 CONFIG = {
     "trainer": {"task": "digits", "maxSteps": 1_000_000, "batchSize": 32, "logEverySteps": 1,
@@ -80,3 +81,28 @@ def test_a_rank_blocked_on_a_frozen_peer_exits_without_a_checkpoint_after_its_pa
     assert record["reason"] == "PeerLost" and record["exitCode"] == 5
     assert "blocked on a peer that is gone" in record["message"] and record["step"] >= 3
     assert not list((tmp_path / "ckpt").glob("step_*")), "no checkpoint was agreed, none was written"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_asked_of_one_rank_is_written_by_the_gang_at_the_next_step(tmp_path: Path) -> None:
+    """POST /checkpoint to rank 1 (not the one that writes the logs): its vote rides in the step's all-reduce,
+    so both ranks save that step together, and training goes on."""
+    port = free_port_range(2)
+    ckpt = tmp_path / "ckpt"
+    config = CONFIG | {"checkpoint": {"everySteps": 0}}
+    proc = start_trainer(config, ckpt, nproc=2, metrics_port=port)
+    try:
+        wait_for(lambda: (s := scrape(port)) and s["trainer_step"][0][1] >= 3, 120, "training under way", proc)
+        assert not list(ckpt.glob("step_*")), "everySteps 0: no checkpoint until one is asked for"
+        request = urllib.request.Request(f"http://127.0.0.1:{port + 1}/checkpoint", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 202
+        (saved,) = wait_for(lambda: list(ckpt.glob("step_*/trainer_state.json")), 60, "the asked checkpoint", proc)
+        step = json.loads(saved.read_text())["step"]
+        wait_for(lambda: scrape(port)["trainer_step"][0][1] > step + 2, 60, "training after the checkpoint", proc)
+    finally:
+        stop_process_group(proc)
+    out = proc.stdout.read() if proc.stdout else ""
+    asked = [e["step"] for e in parse_events(out) if e.get("event") == "checkpoint_asked"]
+    assert asked == [step], out[-2000:]
+    assert len(list(ckpt.glob("step_*"))) == 1, "asked once, saved once"

@@ -43,7 +43,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -128,9 +130,10 @@ def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
     metrics = TrainerMetrics(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size)
     server: MetricsServer | None = None
     rejoin = rejoin_timeout(os.environ)
+    checkpoint_asked = threading.Event()  # POST /checkpoint on the metrics port
     try:
-        server = _serve_metrics(metrics, run_env, ctx)
-        code = train(cfg, ctx, _seeded_task(cfg, ctx), metrics, stop)
+        server = _serve_metrics(metrics, run_env, ctx, checkpoint_asked.set)
+        code = train(cfg, ctx, _seeded_task(cfg, ctx), metrics, stop, checkpoint_asked=checkpoint_asked)
         if code == EXIT_STOPPED and not stop.requested and rejoin is not None:
             return _await_replacement(rejoin, stop, metrics)  # the gang stopped for a peer's SIGTERM, not ours
         _report_end(code, metrics)
@@ -170,12 +173,13 @@ def _await_replacement(timeout: float, stop: StopFlag, metrics: TrainerMetrics) 
     return EXIT_PEER_LOST
 
 
-def _serve_metrics(metrics: TrainerMetrics, run_env: RunEnv, ctx: DistContext) -> MetricsServer | None:
+def _serve_metrics(metrics: TrainerMetrics, run_env: RunEnv, ctx: DistContext,
+                   on_checkpoint: Callable[[], None]) -> MetricsServer | None:
     collector = gpu_collector(ctx.device)
     if collector is not None:
         metrics.extra_collectors.append(collector)
     if run_env.metrics_port > 0:
-        return serve(metrics, run_env.metrics_port + ctx.local_rank)
+        return serve(metrics, run_env.metrics_port + ctx.local_rank, on_checkpoint)
     return None
 
 

@@ -18,7 +18,10 @@ from typing import Any, Final
 
 from .stacks import STACKS_PATH, stacks_answer
 
-__all__ = ["CONTENT_TYPE", "ExpositionServer", "header", "label_text", "number", "render_families"]
+# Where a rank is asked to have the gang checkpoint now (for example before a disruption it was told of).
+CHECKPOINT_PATH: Final = "/checkpoint"
+
+__all__ = ["CHECKPOINT_PATH", "CONTENT_TYPE", "ExpositionServer", "header", "label_text", "number", "render_families"]
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Prometheus's text format names a few types differently from the OpenMetrics names metric objects carry.
@@ -125,10 +128,21 @@ class _Handler(BaseHTTPRequestHandler):
         zipped = "gzip" in self.headers.get("Accept-Encoding", "")
         self._send(self.server.render().encode("utf-8"), CONTENT_TYPE, zipped=zipped)
 
-    def _send(self, body: bytes, content_type: str, *, zipped: bool) -> None:
+    def do_POST(self) -> None:
+        """``POST /checkpoint``: the gang checkpoints together at its next step boundary (loop.py's votes)."""
+        if self.path.split("?")[0] != CHECKPOINT_PATH:
+            self.send_error(404)
+            return
+        if self.server.on_checkpoint is None:
+            self._send(b"this process does not checkpoint on request\n", "text/plain", zipped=False, status=501)
+            return
+        self.server.on_checkpoint()
+        self._send(b"the gang checkpoints at its next step\n", "text/plain", zipped=False, status=202)
+
+    def _send(self, body: bytes, content_type: str, *, zipped: bool, status: int = 200) -> None:
         if zipped:
             body = gzip.compress(body, compresslevel=1)  # Prometheus asks for it; level 1 is nearly free
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if zipped:
@@ -146,14 +160,17 @@ SHUTDOWN_POLL_SECONDS = 0.05
 
 
 class ExpositionServer(HTTPServer):
-    """Serves ``render()`` on every path but /favicon.ico and /stacks (stacks.py), from one daemon thread:
-    scrapes are rare and short, so one thread is enough, and no thread is started per request."""
+    """Serves ``render()`` on every path but /favicon.ico and /stacks (stacks.py), and takes ``POST /checkpoint``
+    (``on_checkpoint``), from one daemon thread: requests are rare and short, so one thread is enough, and no
+    thread is started per request."""
 
     allow_reuse_address = True
 
-    def __init__(self, port: int, render: Callable[[], str], host: str = "0.0.0.0") -> None:  # scraped from outside
+    def __init__(self, port: int, render: Callable[[], str], host: str = "0.0.0.0",  # scraped from outside
+                 on_checkpoint: Callable[[], None] | None = None) -> None:
         super().__init__((host, port), _Handler)
         self.render = render
+        self.on_checkpoint = on_checkpoint
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
                                        name="metrics-server", daemon=True)
         self.thread.start()

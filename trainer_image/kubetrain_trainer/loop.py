@@ -184,13 +184,16 @@ class StepResult:
     stop: bool
     data_s: float
     forward_backward_s: float
+    checkpoint: bool = False  # a rank was asked to checkpoint now (POST /checkpoint): all save this step
 
 
 class Trainer:
     """One process's share of the job: built from the task, run to the planned step count."""
 
-    def __init__(self, cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> None:
+    def __init__(self, cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag, *,
+                 checkpoint_asked: threading.Event | None = None) -> None:
         self.cfg, self.tc, self.ctx, self.task, self.metrics, self.stop = cfg, cfg.trainer, ctx, task, metrics, stop
+        self.checkpoint_asked = checkpoint_asked
         # DDP's static graph cannot skip the gradient sync (no_sync) of accumulation micro-steps (an internal
         # assert), and is left out under torch.compile, whose DDP graph splitting it was not tested with.
         static = task.static_graph and self.tc.grad_accumulation == 1 and not self.tc.compile
@@ -309,6 +312,7 @@ class Trainer:
         """Accumulate gradients over the micro-batches, then agree with every rank on loss, norm and stop."""
         tc, device = self.tc, self.ctx.device
         loss_sum = torch.zeros((), device=device)
+        votes: torch.Tensor | None = None
         data_s = fb_s = 0.0
         for micro in range(tc.grad_accumulation):
             t0 = time.monotonic()
@@ -319,7 +323,8 @@ class Trainer:
                 loss = self.task.loss_fn(self.model, batch) / tc.grad_accumulation
             loss_sum += loss.detach().float()
             if last and self.votes is not None:
-                self.votes.send(torch.stack([loss_sum, self._stop_vote()]))
+                votes = self._votes()
+                self.votes.send(torch.cat([loss_sum.reshape(1), votes]))
             scaled: torch.Tensor = self.scaler.scale(loss)  # unchanged unless fp16 on GPU
             torch.autograd.backward(scaled)
             data_s += t1 - t0
@@ -329,24 +334,31 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
         if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor norm over the shards
             norm = norm.full_tensor()
-        loss_val, stop_votes, grad_norm = self._agree(loss_sum, norm.float())
-        return StepResult(loss_val, grad_norm, stop_votes > 0, data_s, fb_s)
+        votes = self._votes() if votes is None else votes
+        loss_val, stop_votes, checkpoint_votes, grad_norm = self._agree(loss_sum, votes, norm.float())
+        return StepResult(loss_val, grad_norm, stop_votes > 0, data_s, fb_s, checkpoint=checkpoint_votes > 0)
 
-    def _stop_vote(self) -> torch.Tensor:
-        return torch.tensor(float(self.stop.requested), device=self.ctx.device)
+    def _votes(self) -> torch.Tensor:
+        """This rank's say for the step: stop (SIGTERM), and checkpoint now (asked once: the request is taken)."""
+        asked = self.checkpoint_asked is not None and self.checkpoint_asked.is_set()
+        if asked and self.checkpoint_asked is not None:
+            self.checkpoint_asked.clear()
+        return torch.tensor([float(self.stop.requested), float(asked)], device=self.ctx.device)
 
-    def _agree(self, loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple[float, float, float]:
-        """(the mean loss over the ranks, the stop votes, the gradient norm), the same on every rank."""
+    def _agree(self, loss_sum: torch.Tensor, votes: torch.Tensor,
+               norm: torch.Tensor) -> tuple[float, float, float, float]:
+        """(the mean loss over the ranks, the stop votes, the checkpoint votes, the gradient norm), the same on
+        every rank."""
         world = self.ctx.world_size
         summed = self.votes.summed if self.votes is not None else None
         if summed is not None:  # carried by DDP's all-reduce, whose averaged gradients gave every rank this norm
-            loss_val, stop_votes, grad_norm = torch.cat([summed.to(norm.device), norm.reshape(1)]).tolist()
-            return loss_val / world, stop_votes, grad_norm  # the step's one CPU-GPU synchronisation (as below)
-        packed = torch.stack([loss_sum, self._stop_vote(), norm])
+            loss_val, stops, checkpoints, grad_norm = torch.cat([summed.to(norm.device), norm.reshape(1)]).tolist()
+            return loss_val / world, stops, checkpoints, grad_norm  # the step's one CPU-GPU synchronisation
+        packed = torch.cat([loss_sum.reshape(1), votes, norm.reshape(1)])
         if world > 1:  # alone, the all-reduce would only add a collective's latency to every step
             dist.all_reduce(packed)
-        loss_val, stop_votes, norm_sum = packed.tolist()  # the step's one CPU-GPU synchronisation
-        return loss_val / world, stop_votes, norm_sum / world
+        loss_val, stops, checkpoints, norm_sum = packed.tolist()  # the step's one CPU-GPU synchronisation
+        return loss_val / world, stops, checkpoints, norm_sum / world
 
     def _scaler_overflow(self, result: StepResult) -> bool:
         """An fp16 GradScaler's normal overflow: a finite loss, inf/NaN gradients, and a scale it can still halve.
@@ -410,7 +422,9 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         if result.stop:
             self.stop.agreed()  # the checkpoint below has the pod's grace period, not the watchdog's patience
-        if result.stop or (every and step % every == 0):
+        if result.checkpoint and not result.stop and self.ctx.is_main:
+            log_json("checkpoint_asked", step=step)
+        if result.stop or result.checkpoint or (every and step % every == 0):
             self._save()
         if result.stop:
             if self.ctx.is_main:
@@ -442,9 +456,11 @@ class Trainer:
             log_json("eval", step=self.state.step, **{k: round(v, 5) for k, v in results.items()})
 
 
-def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag) -> int:
-    """Run the job's training on this process; returns 0 or :data:`EXIT_STOPPED`."""
-    trainer = Trainer(cfg, ctx, task, metrics, stop)
+def train(cfg: Config, ctx: DistContext, task: Task, metrics: TrainerMetrics, stop: StopFlag, *,
+          checkpoint_asked: threading.Event | None = None) -> int:
+    """Run the job's training on this process; returns 0 or :data:`EXIT_STOPPED`. ``checkpoint_asked``: set
+    (from another thread) to have the gang checkpoint at its next step."""
+    trainer = Trainer(cfg, ctx, task, metrics, stop, checkpoint_asked=checkpoint_asked)
     try:
         return trainer.run()
     finally:

@@ -249,7 +249,8 @@ class MetricsServer:
     close: Callable[[], None]
 
 
-def serve(metrics: TrainerMetrics, port: int) -> MetricsServer:
-    """Serve ``metrics`` alone (no process collectors) on ``port``; port 0 is not allowed here."""
-    server = ExpositionServer(port, metrics.render)
+def serve(metrics: TrainerMetrics, port: int, on_checkpoint: Callable[[], None] | None = None) -> MetricsServer:
+    """Serve ``metrics`` alone (no process collectors) on ``port``; port 0 is not allowed here.
+    ``on_checkpoint``: what ``POST /checkpoint`` does (none: it answers 501)."""
+    server = ExpositionServer(port, metrics.render, on_checkpoint=on_checkpoint)
     return MetricsServer(port=port, close=server.close)
