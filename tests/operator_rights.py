@@ -30,13 +30,14 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create": "create", "patch": "patch",
          "replace": "update", "delete": "delete"}
 # The modules that call Kube (as state.kube, kube or self._kube).
-KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "controller/queueing.py", "k8s/podwatch.py")
+KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "controller/queueing.py", "k8s/podwatch.py",
+              "k8s/nodewatch.py")
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, its one custom resource, and Kueue's
 # Workloads of the jobs in a Kueue queue.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
          "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL), "workload": (KUEUE.GROUP, KUEUE.WORKLOADS)}
 # Cluster-scoped kinds it reads (client methods without "namespaced"): what a Kueue admission and priority mean, and
-# which nodes are Ready (a failing node is excluded only while the gang still fits).
+# which nodes are Ready (a failing node is excluded only while the gang still fits) and which announce a disruption.
 CLUSTER_KINDS = {"resource_flavor": (KUEUE.GROUP, KUEUE.RESOURCE_FLAVORS),
                  "priority_class": ("scheduling.k8s.io", "priorityclasses"), "node": ("", "nodes")}
 CLIENT_METHOD = re.compile(r"^(?P<verb>[a-z]+)_(?P<namespaced>namespaced_)?(?P<kind>[a-z_]+?)(?P<status>_status)?$")

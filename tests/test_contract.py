@@ -17,7 +17,9 @@ import yaml
 from kubetrain.core import api
 from kubetrain.core.manifests import RUN_AS_USER, build_pod
 from kubetrain.core.spec import parse
+from kubetrain_trainer import checkpoint as trainer_checkpoint
 from kubetrain_trainer import config as trainer_config
+from kubetrain_trainer import exposition as trainer_exposition
 from kubetrain_trainer import rejoin as trainer_rejoin
 from kubetrain_trainer import stacks as trainer_stacks
 from tests.invalid_specs import base_job
@@ -34,6 +36,12 @@ def test_env_names_and_ports_match() -> None:
     assert trainer_rejoin.REJOIN_TIMEOUT_ENV == api.ENV.REJOIN_TIMEOUT
     assert trainer_config.DEFAULT_METRICS_PORT == api.METRICS_PORT
     assert trainer_stacks.STACKS_PATH == api.STACKS_PATH
+    assert trainer_exposition.CHECKPOINT_PATH == api.CHECKPOINT_PATH
+
+
+def test_the_status_names_the_checkpoint_directory_the_trainer_writes() -> None:
+    found = trainer_checkpoint.STEP_DIR.match(api.checkpoint_dir(123))
+    assert found is not None and int(found.group(1)) == 123
 
 
 def _pod_env(document: dict) -> dict[str, str]:  # type: ignore[type-arg]

@@ -6,6 +6,7 @@ contract too. The operator authenticates with the chart's ServiceAccount (see op
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -180,6 +181,44 @@ def test_an_evicted_pod_is_replaced_alone_while_the_others_wait_and_resume_with_
         "replaced-1", uids["replaced-1"], "PodReplaced")
     assert status["progress"]["resumedFromStep"] >= before, (before, status["progress"])
     assert {"Disrupted", "PodReplaced"} <= {e["reason"] for e in jobs.events("replaced")}
+
+
+def test_a_drain_announced_by_a_cordon_has_the_gang_checkpoint_before_the_eviction(lab: Lab, jobs: Jobs) -> None:
+    """Checkpoints only on request or SIGTERM (everySteps 0): pod 1's node is cordoned, the operator asks rank 0,
+    the gang saves at its next step and trains on; the drain's eviction then costs only the steps after it."""
+    lab.create_volume(jobs.namespace, "drained-checkpoints")
+    jobs.create("drained", {
+        "nodes": 2, "procsPerNode": 1,
+        "resources": {"cpu": "100m", "memory": "1Gi", "sharedMemory": "64Mi"},
+        "trainer": {"task": "digits", "maxSteps": 100000, "batchSize": 32}, "data": {"workers": 0},
+        "checkpoint": {"claimName": "drained-checkpoints", "everySteps": 0},
+        "runPolicy": {"terminationGracePeriodSeconds": 30}})
+    jobs.wait("drained", lambda s: int((s.get("progress") or {}).get("step", 0)) >= 20, "past step 20", timeout=180)
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("drained")}
+    node = lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods/drained-1")["spec"]["nodeName"]
+    lab.kubectl("cordon", node)
+    try:
+        status = jobs.wait("drained", lambda s: (s.get("lastCheckpoint") or {}).get("step", 0)
+                           >= (s.get("checkpointRequest") or {}).get("step", 1 << 62) > 0,
+                           "the checkpoint asked for after the cordon", timeout=60)
+        request, saved = status["checkpointRequest"], status["lastCheckpoint"]
+        assert (request["node"], request["reason"], request["attempt"]) == (node, "is cordoned (a drain begins)", 0)
+        assert saved["path"] == f"/checkpoints/step_{saved['step']:09d}" and saved["claimName"] == "drained-checkpoints"
+        assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("drained")} == uids
+        assert (status["restarts"], status.get("disruptions", 0), status["phase"]) == (0, 0, "Running"), status
+        events = [json.loads(line[line.index("{"):]) for line in
+                  lab.pod_log(jobs.namespace, "drained-0").read_text().splitlines() if '{"event": ' in line]
+        asked = [e["step"] for e in events if e["event"] == "checkpoint_asked"]
+        assert asked == [saved["step"]] and saved["step"] in [e["step"] for e in events if e["event"] == "checkpoint"]
+        wait_for(lambda: any(e["reason"] == "CheckpointRequested" for e in jobs.events("drained")), 30,
+                 "the CheckpointRequested event", interval=0.5)
+        evict(lab, jobs.namespace, "drained-1")  # the drain goes on
+        resumed = jobs.wait("drained", lambda s: int((s.get("progress") or {}).get("resumedFromStep", 0)) > 0,
+                            "the resume after the eviction", timeout=180)["progress"]["resumedFromStep"]
+        assert resumed >= saved["step"], (resumed, saved)
+    finally:
+        lab.kubectl("uncordon", node)
+        lab.api.delete(f"{jobs.base}/drained")
 
 
 def test_a_job_evicted_over_and_over_ends_with_a_reason(lab: Lab, jobs: Jobs) -> None:

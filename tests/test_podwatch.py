@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kubetrain.k8s import podwatch
+from kubetrain.k8s import follow as follow_module
 from kubetrain.k8s.kube import ApiError, VersionGoneError
 from kubetrain.k8s.podwatch import PodWatch
 from tests.pods import pod
@@ -79,7 +79,7 @@ def follow(kube: FakeKube, *, all_namespaces: bool = False, namespaces: tuple[st
 
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(podwatch, "RETRY_DELAYS", (0.0,))
+    monkeypatch.setattr(follow_module, "RETRY_DELAYS", (0.0,))
 
 
 def test_a_job_is_reported_when_what_the_reconcile_reads_of_its_pods_changes() -> None:

@@ -504,7 +504,8 @@ class TestProgress:
                             heartbeat=NOW, resumed_from_step=0)
         decision = reconcile(job(), running(), states(pod(0), pod(1)), NOW, progress)
         assert decision.status["progress"]["summary"] == "50% (5/10)"
-        assert decision.status["lastCheckpoint"] == {"step": 4, "time": "2026-11-01T10:10:00Z"}
+        assert decision.status["lastCheckpoint"] == {"step": 4, "time": "2026-11-01T10:10:00Z",
+                                                     "path": "/checkpoints/step_000000004", "claimName": "checkpoints"}
         assert decision.events == ()
 
     def test_restart_at_step_zero_despite_a_checkpoint_is_reported(self) -> None:

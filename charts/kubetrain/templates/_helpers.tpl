@@ -196,10 +196,11 @@ the cluster-scoped objects a Kueue admission names.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
   verbs: ["get"]
-# A node that keeps failing a job is avoided only while enough Ready nodes remain for its gang.
+# A node that keeps failing a job is avoided only while enough Ready nodes remain for its gang; a node cordoned
+# or tainted NoExecute (a drain, a reclaim announced) has the jobs on it checkpoint at once.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/*

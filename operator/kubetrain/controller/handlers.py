@@ -11,6 +11,7 @@ it with backoff, and the job's status and events say what failed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Mapping
@@ -54,8 +55,9 @@ from kubetrain.k8s.kube import (
     api_failure,
     login,
 )
+from kubetrain.k8s.nodewatch import NodeWatch
 from kubetrain.k8s.podwatch import PodWatch
-from kubetrain.k8s.scrape import fetch_progress, fetch_stacks
+from kubetrain.k8s.scrape import ask_checkpoint, fetch_progress, fetch_stacks
 from kubetrain.k8s.workqueue import WorkQueue
 
 __all__ = ["operator_state"]
@@ -64,6 +66,7 @@ Json = Any
 T = TypeVar("T")
 JOB = (api.GROUP, api.VERSION, api.PLURAL)
 POD_CHANGE = Trigger("pod", logging.getLogger("kubetrain.pods"))
+NODE_NOTICE = Trigger("node notice", logging.getLogger("kubetrain.nodes"))
 TIMER = Trigger("timer", logging.getLogger("kubetrain.scheduler"))
 CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
 # Pods the operator created reach its index through the watch a moment later; until then a reconcile would
@@ -94,6 +97,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     pods = PodWatch(kube, all_namespaces=config.all_namespaces)
     state = operator_state(config, kube, aiohttp.ClientSession(), pods)
     pods.on_change(lambda key: state.queue.add(key, POD_CHANGE))
+    state.nodes = NodeWatch(kube)  # started by the first job's event (see job_changed)
     memo["state"] = state
     memo["trimmer"] = asyncio.create_task(trim_memory(state))
 
@@ -110,9 +114,18 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state: OperatorState = memo["state"]
     memo["trimmer"].cancel()
     state.queue.close()
+    if state.nodes is not None:
+        await state.nodes.close()
     await state.pods.close()
     await state.http.close()
     await state.kube.close()
+
+
+def _jobs_on_node(state: OperatorState, node: str) -> None:
+    """A node's notice came or went: the jobs with a pod there look again (notices.py)."""
+    for key, pods in list(state.pods.items()):
+        if any(p.node == node for p in pods):
+            state.queue.add(key, NODE_NOTICE)
 
 
 def _served(namespace: str | None, memo: Any, **_: Any) -> bool:
@@ -139,6 +152,8 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
         return  # the echo of a status this operator wrote: nothing changed that the reconcile did not know
     if state.queue.failures(key) and record.generation == metadata.get("generation"):
         return  # our own status write after a failure: the retry waits for its backoff (a spec change does not)
+    if state.nodes is not None:
+        state.nodes.start(lambda node: _jobs_on_node(state, node))
     await state.pods.ready(namespace)  # its pods are listed: a reconcile before would create them again
     trigger = Trigger("job", logger)
     if state.queue.busy(key):
@@ -264,10 +279,15 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     job = gate.job
     ready = await _ready_nodes(state, logger) if needs_ready_nodes(pods, int(before.get("attempt", 0))) else None
     now = datetime.now(UTC)
-    decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready)
+    decide = functools.partial(reconcile, job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready,
+                               notices=state.notices)
+    decision = decide()
     if declares_stall(decision, now):  # ask the ranks where they are before their pods go, and say it
-        hang = await _where_the_ranks_are(state, job, [p for p in pods if p.attempt == before.get("attempt", 0)])
-        decision = reconcile(job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready, hang=hang)
+        decision = decide(hang=await _where_the_ranks_are(state, job, [p for p in pods
+                                                                        if p.attempt == before.get("attempt", 0)]))
+    elif decision.ask_checkpoint is not None:  # a node announced a disruption: rank 0 saves now
+        address = judgements.scrape_address(before, pods)
+        decision = decide(checkpoint_answer=await ask_checkpoint(state.http, address, decision.ask_checkpoint))
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)

@@ -23,6 +23,7 @@ from kubetrain.core.spec import TrainingJob, parse
 from kubetrain.core.status import PodState, parse_time
 from kubetrain.core.status_policy import Event
 from kubetrain.k8s.kube import Kube
+from kubetrain.k8s.nodewatch import NodeWatch
 from kubetrain.k8s.workqueue import WorkQueue
 
 __all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory"]
@@ -44,6 +45,8 @@ class PodIndex(Protocol):
     """Each job's pods as last seen (see podwatch.PodWatch), once their namespace is ``ready``."""
 
     def get(self, key: Key, default: Iterable[PodState], /) -> Iterable[PodState]: ...
+
+    def items(self) -> Iterable[tuple[Key, Iterable[PodState]]]: ...
 
     async def ready(self, namespace: str) -> None: ...
 
@@ -137,9 +140,16 @@ class OperatorState:
     http: aiohttp.ClientSession
     pods: PodIndex
     queue: WorkQueue[Key, Trigger] = field(init=False)
+    # The nodes announcing a disruption (started by the first job event, in kopf's context); None: not watched.
+    nodes: NodeWatch | None = None
     records: dict[Key, JobRecord] = field(default_factory=dict)
     terminating: dict[str, float] = field(default_factory=dict)  # namespace: when it refused new pods
     reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity)
+
+    @property
+    def notices(self) -> Mapping[str, str]:
+        """Why each node with a notice is about to disrupt its pods, by node name (core/notices.py)."""
+        return self.nodes.notices if self.nodes is not None else {}
 
     def record(self, key: Key) -> JobRecord:
         return self.records.setdefault(key, JobRecord())

@@ -13,6 +13,7 @@ from typing import Final
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "CHECKPOINT_PATH",
     "CHECKPOINT_VOLUME",
     "CONTAINER_NAME",
     "DEFAULT_MANAGED_BY",
@@ -39,6 +40,7 @@ __all__ = [
     "GangScheduling",
     "Phase",
     "Reason",
+    "checkpoint_dir",
 ]
 
 GROUP: Final = "kubetrain.io"
@@ -63,6 +65,13 @@ RENDEZVOUS_PORT: Final = 29400
 METRICS_PORT: Final = 9400
 # Where each rank answers with its main thread's stack (kubetrain_trainer.stacks.STACKS_PATH), on its metrics port.
 STACKS_PATH: Final = "/stacks"
+# Where rank 0 takes a request to have the gang checkpoint now (kubetrain_trainer.exposition.CHECKPOINT_PATH).
+CHECKPOINT_PATH: Final = "/checkpoint"
+
+
+def checkpoint_dir(step: int) -> str:
+    """The directory of the checkpoint of ``step`` under the job's checkpoint path (the trainer's checkpoint.py)."""
+    return f"step_{step:09d}"
 
 CONTAINER_NAME: Final = "trainer"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -251,3 +260,5 @@ class Reason(StrEnum):
     NODE_EXCLUDED = "NodeExcluded"
     NODE_KEPT = "NodeNotExcluded"
     NODES_CLEARED = "ExcludedNodesCleared"
+    CHECKPOINT_REQUESTED = "CheckpointRequested"  # a node of the attempt announced a disruption (notices.py)
+    CHECKPOINT_REQUEST_FAILED = "CheckpointRequestFailed"

@@ -28,9 +28,19 @@ from kubetrain.core.goodput import record_goodput
 from kubetrain.core.hangs import Hang
 from kubetrain.core.naming import job_selector, pod_name
 from kubetrain.core.nodes import excluded_note, forget_cleared
+from kubetrain.core.notices import ask_for_checkpoint
 from kubetrain.core.queueing import Admission, QueueState, hold, record_admission
 from kubetrain.core.spec import TrainingJob
-from kubetrain.core.status import PodState, Progress, Scrape, count_nodes, isoformat, parse_time, some_names
+from kubetrain.core.status import (
+    CheckpointAnswer,
+    PodState,
+    Progress,
+    Scrape,
+    count_nodes,
+    isoformat,
+    parse_time,
+    some_names,
+)
 from kubetrain.core.status_policy import (
     Decision,
     Draft,
@@ -58,6 +68,8 @@ def reconcile(
     queue: Admission | None = None,
     ready_nodes: frozenset[str] | None = None,
     hang: Hang | None = None,
+    notices: Mapping[str, str] | None = None,
+    checkpoint_answer: CheckpointAnswer | None = None,
 ) -> Decision:
     """Decide the next step for ``job`` given its stored ``status`` and all of its ``pods``.
 
@@ -66,9 +78,11 @@ def reconcile(
     a job in no Kueue queue. ``ready_nodes``: the cluster's Ready nodes, read when a failure points at a node
     (a node is excluded only while the gang still fits on the rest). ``hang``: the ranks' stacks compared,
     which the controller asks for when a decision restarts a stalled gang (:func:`declares_stall`), and then
-    decides again with them.
+    decides again with them. ``notices``: the nodes that announce a disruption (why, by node name);
+    ``checkpoint_answer``: how the request of ``Decision.ask_checkpoint`` went, decided again with it.
     """
-    draft = Draft.from_stored(job, status, now, ready_nodes, hang)
+    draft = Draft.from_stored(job, status, now, ready_nodes=ready_nodes, hang=hang, notices=notices,
+                              checkpoint_answer=checkpoint_answer)
     draft.status["observedGeneration"] = job.generation
     draft.status["selector"] = job_selector(job.name, job.uid)
     # Pods of an earlier job of the same name (deleted with --cascade=orphan) are never this job's.
@@ -155,6 +169,7 @@ def _run(draft: Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) ->
     # Their names are the ones this job needs: delete them (they are nobody's now) and wait until they are gone.
     draft.remove(foreign)
     _progress_attempt(draft, current, blocked=[p.name for p in foreign])
+    draft.ask_checkpoint = ask_for_checkpoint(draft, current, draft.notices, draft.checkpoint_answer)
 
 
 def _handle_success(draft: Draft, current: Sequence[PodState]) -> bool:

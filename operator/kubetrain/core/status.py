@@ -13,6 +13,8 @@ from typing import Any
 from kubetrain.core import api
 
 __all__ = [
+    "CheckpointAnswer",
+    "CheckpointAsk",
     "FailureKind",
     "NodeCounts",
     "PodState",
@@ -322,6 +324,22 @@ def _loss_text(loss: float) -> str:
     if not math.isfinite(loss):
         return str(loss)
     return f"{loss:.4g}"
+
+
+@dataclass(frozen=True)
+class CheckpointAsk:
+    """A request the controller is to make: rank 0 to checkpoint now, for ``node``'s ``notice`` (notices.py)."""
+
+    node: str
+    notice: str
+
+
+@dataclass(frozen=True)
+class CheckpointAnswer:
+    """How a CheckpointAsk went: ``error`` is None when rank 0 took it."""
+
+    ask: CheckpointAsk
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from kubetrain.core.api import ConditionType, Phase, Reason
 from kubetrain.core.hangs import Hang
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import (
+    CheckpointAnswer,
+    CheckpointAsk,
     PodState,
     Progress,
     Scrape,
@@ -83,6 +85,7 @@ class Decision:
     events: tuple[Event, ...] = ()
     delete_job: bool = False
     requeue_after: float | None = None
+    ask_checkpoint: CheckpointAsk | None = None  # rank 0 to be asked to checkpoint now (notices.py)
 
 
 def _fenced(pod: PodState) -> bool:
@@ -117,12 +120,20 @@ class Draft:
     ready_nodes: frozenset[str] | None = None
     # The ranks' stacks compared, when the controller asked for them before a stall's restart (hangs.py).
     hang: Hang | None = None
+    # The nodes that announce a disruption, and how asking rank 0 to checkpoint for one went (notices.py).
+    notices: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_answer: CheckpointAnswer | None = None
+    ask_checkpoint: CheckpointAsk | None = None  # decided: the controller asks, then decides again
 
     @classmethod
-    def from_stored(cls, job: TrainingJob, status: Mapping[str, Json], now: datetime,
-                    ready_nodes: frozenset[str] | None = None, hang: Hang | None = None) -> Draft:
-        """A draft that starts from a copy of ``status``: the stored one is never changed."""
-        return cls(job=job, now=now, status=_copied(dict(status)), ready_nodes=ready_nodes, hang=hang)
+    def from_stored(cls, job: TrainingJob, status: Mapping[str, Json], now: datetime, *,
+                    ready_nodes: frozenset[str] | None = None, hang: Hang | None = None,
+                    notices: Mapping[str, str] | None = None,
+                    checkpoint_answer: CheckpointAnswer | None = None) -> Draft:
+        """A draft that starts from a copy of ``status`` (the stored one is never changed), with what else the
+        controller read."""
+        return cls(job=job, now=now, status=_copied(dict(status)), ready_nodes=ready_nodes, hang=hang,
+                   notices=notices or {}, checkpoint_answer=checkpoint_answer)
 
     @property
     def attempt(self) -> int:
@@ -171,6 +182,7 @@ class Draft:
             events=tuple(self.events),
             delete_job=self.delete_job,
             requeue_after=self.requeue_after,
+            ask_checkpoint=self.ask_checkpoint,
         )
 
 
@@ -220,7 +232,10 @@ def _record_progress(draft: Draft, progress: Progress) -> None:
     draft.status["progress"] = progress_status(progress, spec.total_steps, spec.samples_per_step, draft.now)
     checkpoint_step = count(progress.checkpoint_step) or 0
     if checkpoint_step > int((draft.status.get("lastCheckpoint") or {}).get("step", 0)):
-        draft.status["lastCheckpoint"] = {"step": checkpoint_step, "time": isoformat(draft.now)}
+        draft.status["lastCheckpoint"] = {"step": checkpoint_step, "time": isoformat(draft.now),
+                                          "path": f"{spec.checkpoint.path}/{api.checkpoint_dir(checkpoint_step)}"}
+        if spec.checkpoint.claim_name:
+            draft.status["lastCheckpoint"]["claimName"] = spec.checkpoint.claim_name
     saved = int((draft.status.get("lastCheckpoint") or {}).get("step", 0))
     first_report = "resumedFromStep" not in previous
     if progress.resumed_from_step == 0 and first_report and draft.attempt > 0 and saved > 0:
@@ -335,7 +350,8 @@ def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
     """Whether a status change may be written a moment later, folded into the next one: only pod counts,
     messages or progress moved, or the gang went from Pending to Starting (its pods were placed and start; on a
     node with the image they run within the moment, and the write that says Running is the only one). A flipped
-    condition, any other new phase, a count, a failure or an excluded node is written at once."""
+    condition, any other new phase, a count, a failure, an excluded node or a checkpoint request is written at
+    once (each remembers something done or decided)."""
     phase = after.get("phase")
     if not phase or phase in (Phase.SUCCEEDED, Phase.FAILED):
         return False
@@ -343,7 +359,8 @@ def may_wait(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
         return False
     if any(int(before.get(key) or 0) != int(after.get(key) or 0) for key in _COUNTS):
         return False
-    if any((before.get(key) or []) != (after.get(key) or []) for key in ("failures", "excludedNodes")):
+    if any((before.get(key) or []) != (after.get(key) or []) for key in ("failures", "excludedNodes",
+                                                                          "checkpointRequest")):
         return False
     return _condition_states(before) == _condition_states(after)
 

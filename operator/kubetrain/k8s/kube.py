@@ -100,6 +100,9 @@ class _CoreV1:
     def watch_namespaced_pod(self, namespace: str | None, params: Mapping[str, str]) -> AsyncIterator[Json]:
         return self._rest.stream(self._path(namespace, "pods"), {**params, "watch": "true"})
 
+    def watch_node(self, params: Mapping[str, str]) -> AsyncIterator[Json]:
+        return self._rest.stream("/api/v1/nodes", {**params, "watch": "true"})
+
     async def create_namespaced_pod(self, namespace: str, body: Json, dry_run: bool = False) -> Json:
         params = {"dryRun": "All"} if dry_run else None
         return await self._rest.request("POST", self._path(namespace, "pods"), params=params, body=body)
@@ -338,6 +341,15 @@ class Kube:
         """Every node of the cluster, page by page (read only when a failure points at a node: core/nodes.py)."""
         nodes, _ = await _all_pages(self._core.list_node, {})
         return nodes
+
+    async def list_nodes_to_watch(self) -> tuple[list[Json], str]:
+        """Every node, and the resourceVersion to watch them from (k8s/nodewatch.py)."""
+        return await _all_pages(self._core.list_node, {})
+
+    def watch_nodes(self, version: str) -> AsyncIterator[Json]:
+        """The nodes' changes after ``version``, with bookmarks, until the API server ends the watch."""
+        return self._core.watch_node({"resourceVersion": version, "allowWatchBookmarks": "true",
+                                      "timeoutSeconds": str(WATCH_SECONDS)})
 
     def watch_pods(self, namespace: str | None, selector: str, version: str) -> AsyncIterator[Json]:
         """The pods' changes after ``version``, with bookmarks, until the API server ends the watch (see

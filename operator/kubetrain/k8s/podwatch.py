@@ -13,21 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubetrain.core import api
 from kubetrain.core.status import PodState, pod_state
-from kubetrain.k8s.kube import Kube, VersionGoneError
+from kubetrain.k8s.follow import follow
+from kubetrain.k8s.kube import Kube
 
 __all__ = ["PodWatch"]
 
 Json = Any
 Key = tuple[str, str]  # (namespace, job name)
-RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds after consecutive failures of a list or watch
-QUICK_END = 1.0  # seconds: a watch that ends sooner without an event was refused, not timed out
 log = logging.getLogger("kubetrain.pods")
 
 
@@ -105,33 +103,13 @@ class PodWatch(Mapping[Key, Iterable[PodState]]):
                 await task
 
     async def _follow(self, scope: _Scope) -> None:
-        """List and watch, for good; a failure is logged and retried with backoff, from where it stopped. A watch
-        that ends at once without an event counts as a failure: a proxy that closes every stream must not make a
-        loop of requests."""
-        failures = 0
-        while True:
-            began = time.monotonic()
-            try:
-                if scope.version is None:
-                    await self._list(scope, tell=scope.listed.is_set())
-                    scope.listed.set()
-                events = 0
-                async for event in self._kube.watch_pods(scope.namespace, api.LABEL.JOB_NAME, scope.version or ""):
-                    self._apply(scope, event)
-                    events, failures = events + 1, 0
-                if events or time.monotonic() - began >= QUICK_END:
-                    continue  # the API server ended it at its timeout
-                problem = "the watch ended at once"
-            except VersionGoneError:
-                scope.version = None
-                continue
-            except Exception as error:
-                problem = str(error) or type(error).__name__
-            delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
-            failures += 1
-            log.warning("watching pods in %s failed, again in %.1fs: %s", scope.namespace or "every namespace",
-                        delay, problem)
-            await asyncio.sleep(delay)
+        async def relist() -> None:
+            await self._list(scope, tell=scope.listed.is_set())
+            scope.listed.set()
+
+        await follow(f"pods in {scope.namespace or 'every namespace'}", scope, relist,
+                     lambda version: self._kube.watch_pods(scope.namespace, api.LABEL.JOB_NAME, version),
+                     lambda event: self._apply(scope, event), log=log)
 
     async def _list(self, scope: _Scope, *, tell: bool) -> None:
         """Replace the scope's pods by a fresh list; ``tell``: report the jobs whose pods changed meanwhile (not

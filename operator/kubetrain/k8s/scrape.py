@@ -12,9 +12,9 @@ import aiohttp
 from kubetrain.core import api
 from kubetrain.core.hangs import RankStack, Silent, parse_stack
 from kubetrain.core.progress import read_progress
-from kubetrain.core.status import Scrape
+from kubetrain.core.status import CheckpointAnswer, CheckpointAsk, Scrape
 
-__all__ = ["SCRAPE_TIMEOUT_SECONDS", "fetch_progress", "fetch_stacks"]
+__all__ = ["SCRAPE_TIMEOUT_SECONDS", "ask_checkpoint", "fetch_progress", "fetch_stacks"]
 
 # How long one scrape may take: the reconcile loop must never wait on a slow trainer.
 SCRAPE_TIMEOUT_SECONDS = 3.0
@@ -68,3 +68,20 @@ async def _fetch_stack(session: aiohttp.ClientSession, url: str, pod: str, local
         return parse_stack(json.loads(text))
     except (ValueError, KeyError, TypeError):
         return Silent(pod, local_rank, "its port serves no stack: not kubetrain_trainer's server")
+
+
+async def ask_checkpoint(session: aiohttp.ClientSession, pod_ip: str | None, ask: CheckpointAsk,
+                         port: int = api.METRICS_PORT) -> CheckpointAnswer:
+    """``POST /checkpoint`` to rank 0: the gang saves at its next step (202), or why it could not be asked."""
+    if pod_ip is None:
+        return CheckpointAnswer(ask, "rank 0 has no address yet")
+    url = f"http://{pod_ip}:{port}{api.CHECKPOINT_PATH}"
+    try:
+        async with session.post(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)) as response:
+            if response.status != 202:
+                return CheckpointAnswer(ask, f"{url} answered HTTP {response.status}")
+            return CheckpointAnswer(ask)
+    except TimeoutError:
+        return CheckpointAnswer(ask, f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
+    except aiohttp.ClientError as error:
+        return CheckpointAnswer(ask, f"{url}: {type(error).__name__}: {error}"[:256])
