@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -281,13 +281,7 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     now = datetime.now(UTC)
     decide = functools.partial(reconcile, job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready,
                                notices=state.notices)
-    decision = decide()
-    if declares_stall(decision, now):  # ask the ranks where they are before their pods go, and say it
-        decision = decide(hang=await _where_the_ranks_are(state, job, [p for p in pods
-                                                                        if p.attempt == before.get("attempt", 0)]))
-    elif decision.ask_checkpoint is not None:  # a node announced a disruption: rank 0 saves now
-        address = judgements.scrape_address(before, pods)
-        decision = decide(checkpoint_answer=await ask_checkpoint(state.http, address, decision.ask_checkpoint))
+    decision = await _decided(state, job, before, pods, decide=decide, now=now)
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
@@ -303,6 +297,20 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
             await _write_status(state, record, job, stored, while_retrying(decision.status))
         raise
     await settle(state, record, gate, decision.status, pods)  # its Workload Finished, or its quota given back
+    return decision
+
+
+async def _decided(state: OperatorState, job: TrainingJob, before: Mapping[str, Json], pods: list[PodState], *,
+                   decide: Callable[..., Decision], now: datetime) -> Decision:
+    """The core's decision, decided again with what it needs found out first: where a stalled gang's ranks are
+    (asked before their pods go), or how rank 0 took a checkpoint request (a node announced a disruption)."""
+    decision = decide()
+    if declares_stall(decision, now):
+        stalled = [p for p in pods if p.attempt == before.get("attempt", 0)]
+        return decide(hang=await _where_the_ranks_are(state, job, stalled))
+    if decision.ask_checkpoint is not None:
+        address = judgements.scrape_address(before, pods)
+        return decide(checkpoint_answer=await ask_checkpoint(state.http, address, decision.ask_checkpoint))
     return decision
 
 
