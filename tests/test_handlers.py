@@ -770,3 +770,18 @@ def test_a_replaced_pod_is_not_counted_as_a_gang_restart(attempt_after: int, cou
     grew = {name: (metrics.REGISTRY.get_sample_value(name, {"reason": "Disrupted"}) or 0.0) - seen[name]
             for name in samples}
     assert grew == {name: 1.0 if name == counter else 0.0 for name in samples}
+
+
+@pytest.mark.parametrize(("reason", "result"), [("CheckpointRequested", "taken"),
+                                                ("CheckpointRequestFailed", "failed")])
+def test_a_checkpoint_request_is_counted_by_its_result(reason: str, result: str) -> None:
+    state = jobstate.OperatorState(config=OperatorConfig(), kube=None, http=None, pods=None)  # type: ignore[arg-type]
+    job = spec.parse(base_job() | {"metadata": {"name": "valid", "namespace": "ns", "uid": "u"}})
+    running = {"phase": "Running", "attempt": 0}
+    counts = {r: metrics.REGISTRY.get_sample_value("kubetrain_checkpoint_requests_total", {"result": r}) or 0.0
+              for r in ("taken", "failed")}
+    state.observe(jobstate.JobRecord(), job, running, running, [Event("Normal", reason, "node n1 is cordoned")],
+                  now=datetime.now(UTC))
+    grew = {r: (metrics.REGISTRY.get_sample_value("kubetrain_checkpoint_requests_total", {"result": r}) or 0.0)
+            - counts[r] for r in counts}
+    assert grew == {r: 1.0 if r == result else 0.0 for r in counts}

@@ -93,6 +93,7 @@ OPERATOR_METRICS: dict[str, str] = {
     "kubetrain_pod_creations_total": "counter",
     "kubetrain_restarts_total": "counter",
     "kubetrain_pod_replacements_total": "counter",
+    "kubetrain_checkpoint_requests_total": "counter",
     "kubetrain_job_goodput_seconds": "gauge",
 }
 
@@ -112,8 +113,9 @@ DCGM_METRICS: dict[str, str] = {
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "service"})
 TRAINER_LABELS = TARGET_LABELS | {"rank", "local_rank", "training_job", "node_index", "phase", "le", "name"}
 # kubetrain_job_goodput_seconds names its job by job_namespace and training_job (its target's namespace is the
-# operator's), with the bucket of status.goodput.
-OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le", "job_namespace", "training_job", "bucket"}
+# operator's), with the bucket of status.goodput; kubetrain_checkpoint_requests_total has the result of each.
+OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le", "job_namespace", "training_job", "bucket",
+                                   "result"}
 DCGM_LABELS = TARGET_LABELS | {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
 
 _SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
@@ -513,6 +515,12 @@ def operator_jobs_section() -> Section:
             "waiting for them at the same attempt.", "none",
             (f"sum by (reason) (increase(kubetrain_restarts_total{RI}))", "gang restart: {{reason}}"),
             (f"sum by (reason) (increase(kubetrain_pod_replacements_total{RI}))", "pod replaced: {{reason}}"),
+            width=12,
+        ),
+        timeseries_panel(
+            "Checkpoints asked before a disruption", "Rank 0 asked to checkpoint now because a node under a running "
+            "job was cordoned or tainted NoExecute, per interval: taken, or failed (then asked again).", "none",
+            (f"sum by (result) (increase(kubetrain_checkpoint_requests_total{RI}))", "{{result}}"),
             width=12,
         ),
     ]

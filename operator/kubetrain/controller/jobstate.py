@@ -37,6 +37,8 @@ TERMINATING_HOLD = 30.0
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
+CHECKPOINT_REQUEST_RESULTS: dict[str, str] = {api.Reason.CHECKPOINT_REQUESTED: "taken",
+                                              api.Reason.CHECKPOINT_REQUEST_FAILED: "failed"}
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED, api.Reason.REPLACEMENT_TIMEOUT})
 
@@ -177,6 +179,8 @@ class OperatorState:
         for event in events:
             if event.reason in RESTART_REASONS and phase == api.Phase.RESTARTING:
                 (metrics.RESTARTS if new_attempt else metrics.POD_REPLACEMENTS).labels(reason=event.reason).inc()
+            elif event.reason in CHECKPOINT_REQUEST_RESULTS:
+                metrics.CHECKPOINT_REQUESTS.labels(result=CHECKPOINT_REQUEST_RESULTS[event.reason]).inc()
         first_running = phase == api.Phase.RUNNING and before.get("phase") != api.Phase.RUNNING
         if first_running and int(after.get("attempt", 0)) == 0 and int(after.get("restarts", 0)) == 0:
             created = parse_time(job.created)

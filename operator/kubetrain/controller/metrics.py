@@ -40,6 +40,9 @@ RESTARTS = Counter("kubetrain_restarts", "Gang restarts, by reason.", ["reason"]
 POD_REPLACEMENTS = Counter("kubetrain_pod_replacements",
                            "Lost pods made again alone, at the same attempt, while the others waited, by reason.",
                            ["reason"])
+CHECKPOINT_REQUESTS = Counter("kubetrain_checkpoint_requests",
+                              "Rank 0 asked to checkpoint now because a node announced a disruption (a cordon, a "
+                              "NoExecute taint), by result: taken or failed (then asked again).", ["result"])
 
 
 class JobGoodput(Collector):
@@ -82,8 +85,10 @@ def set_job_phases(phases: Mapping[Any, str]) -> None:
 
 # Labelled series exist from the start (at zero), so dashboards and alerts see "no errors" rather
 # than "no data", and rate() has a baseline when the first error comes.
-for _trigger in ("job", "pod", "timer"):
+for _trigger in ("job", "pod", "timer", "node notice"):
     RECONCILE_ERRORS.labels(handler=_trigger)
     RECONCILE_DURATION.labels(handler=_trigger)
 for _reason in ("PodFailed", "Disrupted", "NoHeartbeat", "Scaled", "OOMKilled"):
     RESTARTS.labels(reason=_reason)
+for _result in ("taken", "failed"):
+    CHECKPOINT_REQUESTS.labels(result=_result)
