@@ -154,17 +154,22 @@ def test_evicted_pod_restarts_without_counting(lab: Lab, jobs: Jobs) -> None:
     assert status["failures"][0]["counted"] is False
 
 
+def start_saving_on_request(lab: Lab, jobs: Jobs, name: str, *, nodes: int, max_steps: int) -> None:
+    """The built-in trainer, one process per node, checkpointing on its claim only when asked or at SIGTERM."""
+    lab.create_volume(jobs.namespace, f"{name}-checkpoints")
+    jobs.create(name, {
+        "nodes": nodes, "procsPerNode": 1,
+        "resources": {"cpu": "100m", "memory": "1Gi", "sharedMemory": "64Mi"},
+        "trainer": {"task": "digits", "maxSteps": max_steps, "batchSize": 32}, "data": {"workers": 0},
+        "checkpoint": {"claimName": f"{name}-checkpoints", "everySteps": 0},
+        "runPolicy": {"terminationGracePeriodSeconds": 30}})
+
+
 def test_an_evicted_pod_is_replaced_alone_while_the_others_wait_and_resume_with_it(lab: Lab, jobs: Jobs) -> None:
     """The built-in trainer on 3 nodes, checkpointing only when SIGTERM asks (everySteps 0): pod 1 is evicted,
     the gang saves that step, pods 0 and 2 wait alive (same uids) for pod 1's replacement at the same attempt, and
     all three resume from that step and finish."""
-    lab.create_volume(jobs.namespace, "replaced-checkpoints")
-    jobs.create("replaced", {
-        "nodes": 3, "procsPerNode": 1,
-        "resources": {"cpu": "100m", "memory": "1Gi", "sharedMemory": "64Mi"},
-        "trainer": {"task": "digits", "maxSteps": 600, "batchSize": 32}, "data": {"workers": 0},
-        "checkpoint": {"claimName": "replaced-checkpoints", "everySteps": 0},
-        "runPolicy": {"terminationGracePeriodSeconds": 30}})
+    start_saving_on_request(lab, jobs, "replaced", nodes=3, max_steps=600)
     before = jobs.wait("replaced", lambda s: int((s.get("progress") or {}).get("step", 0)) >= 20,
                        "the trainer past step 20", timeout=180)["progress"]["step"]
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("replaced")}
@@ -186,13 +191,7 @@ def test_an_evicted_pod_is_replaced_alone_while_the_others_wait_and_resume_with_
 def test_a_drain_announced_by_a_cordon_has_the_gang_checkpoint_before_the_eviction(lab: Lab, jobs: Jobs) -> None:
     """Checkpoints only on request or SIGTERM (everySteps 0): pod 1's node is cordoned, the operator asks rank 0,
     the gang saves at its next step and trains on; the drain's eviction then costs only the steps after it."""
-    lab.create_volume(jobs.namespace, "drained-checkpoints")
-    jobs.create("drained", {
-        "nodes": 2, "procsPerNode": 1,
-        "resources": {"cpu": "100m", "memory": "1Gi", "sharedMemory": "64Mi"},
-        "trainer": {"task": "digits", "maxSteps": 100000, "batchSize": 32}, "data": {"workers": 0},
-        "checkpoint": {"claimName": "drained-checkpoints", "everySteps": 0},
-        "runPolicy": {"terminationGracePeriodSeconds": 30}})
+    start_saving_on_request(lab, jobs, "drained", nodes=2, max_steps=100000)
     jobs.wait("drained", lambda s: int((s.get("progress") or {}).get("step", 0)) >= 20, "past step 20", timeout=180)
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("drained")}
     node = lab.api.get(f"/api/v1/namespaces/{jobs.namespace}/pods/drained-1")["spec"]["nodeName"]

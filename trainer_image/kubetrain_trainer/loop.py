@@ -340,9 +340,10 @@ class Trainer:
 
     def _votes(self) -> torch.Tensor:
         """This rank's say for the step: stop (SIGTERM), and checkpoint now (asked once: the request is taken)."""
-        asked = self.checkpoint_asked is not None and self.checkpoint_asked.is_set()
-        if asked and self.checkpoint_asked is not None:
-            self.checkpoint_asked.clear()
+        request, asked = self.checkpoint_asked, False
+        if request is not None and request.is_set():
+            request.clear()
+            asked = True
         return torch.tensor([float(self.stop.requested), float(asked)], device=self.ctx.device)
 
     def _agree(self, loss_sum: torch.Tensor, votes: torch.Tensor,

@@ -223,6 +223,7 @@ def replace_lost_pods(draft: Draft, current: Sequence[PodState], lost: Sequence[
     and a vanished pod is counted by the pass that leaves Running (the next one sees the job Restarting).
     """
     new = [p for p in lost if not _recorded(draft, p)]
+    vanished_names = [pod_name(draft.job.name, i) for i in vanished]
     if new or vanished:
         used_up = _restarts_used_up(draft, Reason.DISRUPTED, counted=False)
         _record_failures(draft, new, Reason.DISRUPTED, message, counted=False,
@@ -231,13 +232,13 @@ def replace_lost_pods(draft: Draft, current: Sequence[PodState], lost: Sequence[
             finish(draft, current, False, used_up[0], f"{message}; {used_up[1]}")
             return
         draft.status["disruptions"] = int(draft.status.get("disruptions", 0)) + 1
-        names = [p.name for p in new] + [pod_name(draft.job.name, i) for i in vanished]
+        names = [p.name for p in new] + vanished_names
         draft.events.append(Event("Warning", Reason.DISRUPTED,
                                   f"{message}; replacing pod(s) {some_names(names)} alone at attempt {draft.attempt}: "
                                   "the others wait for it (not counted)"[:1024]))
     draft.remove(lost)
     draft.status.pop("runningTime", None)  # the stall clock starts again once the gang trains again
-    waiting = [p.name for p in lost] + [pod_name(draft.job.name, i) for i in vanished]
+    waiting = [p.name for p in lost] + vanished_names
     text = (f"replacing lost pod(s) {some_names(waiting)} at attempt {draft.attempt}; the others wait for it "
             f"(the last cause: {message})")
     draft.phase(Phase.RESTARTING, text)

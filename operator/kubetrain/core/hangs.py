@@ -61,6 +61,11 @@ class RankStack:
         own = [f for f in self.frames if _programs(f)]
         return own[-1] if own else (self.frames[-1] if self.frames else None)
 
+    @property
+    def place(self) -> tuple[str | None, Frame | None]:
+        """Where the rank is, as ranks are compared: the collective it waits in, and its own innermost frame."""
+        return self.collective, self.position
+
     def describe(self) -> str:
         """Where the rank is, to follow "is" or "are": "waiting in all_reduce at train.py:30 in step"."""
         at = f"at {self.position.where()}" if self.position else "with an empty stack"
@@ -114,7 +119,7 @@ def _behind(stacks: Sequence[RankStack]) -> list[RankStack]:
     waiting = [s for s in stacks if s.collective]
     if waiting and len(waiting) < len(stacks):
         return [s for s in stacks if not s.collective]
-    by_place = _by(stacks, lambda s: (s.collective, s.position))
+    by_place = _by(stacks, lambda s: s.place)
     largest = max((len(group) for group in by_place.values()), default=0)
     if len(by_place) < 2 or largest * 2 <= len(stacks):
         return []
@@ -141,7 +146,7 @@ def _pod_text(pod: str, nodes: Mapping[str, str]) -> str:
 
 
 def _no_culprit(stacks: Sequence[RankStack]) -> str:
-    places = _by(stacks, lambda s: (s.collective, s.position))
+    places = _by(stacks, lambda s: s.place)
     if len(places) == 1:
         return f"all {len(stacks)} answering ranks are {stacks[0].describe()}: none is behind the others"
     return f"the ranks are at {len(places)} places, none shared by most of them"

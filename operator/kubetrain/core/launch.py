@@ -94,8 +94,8 @@ def keep_alive_seconds(nodes: int) -> int:
     """Seconds between an agent's rendezvous heartbeats, for a gang of up to ``nodes`` nodes.
 
     A lost agent leaves the rendezvous after KEEP_ALIVE_MISSES missed heartbeats, and the survivors can take in
-    its replacement (failures.replace_lost_pods) only then: torch's 5 s would make that 25 s, longer than this
-    lab's whole gang restart. A small gang beats every second (5 s); a wide one keeps torch's rate, because each
+    its replacement (failures.replace_lost_pods) only then: torch's 5 s would make that 20 s, longer than this
+    lab's whole gang restart. A small gang beats every second (4 s); a wide one keeps torch's rate, because each
     heartbeat rewrites the whole state, whose size grows with the gang.
     """
     return min(TORCH_KEEP_ALIVE_SECONDS, max(1, math.ceil(nodes / KEEP_ALIVE_NODES_PER_SECOND)))

@@ -169,7 +169,7 @@ def _run(draft: Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) ->
     # Their names are the ones this job needs: delete them (they are nobody's now) and wait until they are gone.
     draft.remove(foreign)
     _progress_attempt(draft, current, blocked=[p.name for p in foreign])
-    draft.ask_checkpoint = ask_for_checkpoint(draft, current, draft.notices, draft.checkpoint_answer)
+    draft.ask_checkpoint = ask_for_checkpoint(draft, current)
 
 
 def _handle_success(draft: Draft, current: Sequence[PodState]) -> bool:

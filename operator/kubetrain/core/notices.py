@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubetrain.core.api import Phase, Reason
-from kubetrain.core.status import CheckpointAnswer, CheckpointAsk, PodState, isoformat
+from kubetrain.core.status import CheckpointAsk, PodState, isoformat
 from kubetrain.core.status_policy import Draft, Event
 
 __all__ = ["ask_for_checkpoint", "node_notice"]
@@ -36,11 +36,11 @@ def node_notice(node: Json) -> str | None:
     return f"has the NoExecute taint {taint.get('key', '')}" if taint else None
 
 
-def ask_for_checkpoint(draft: Draft, current: Sequence[PodState], notices: Mapping[str, str],
-                       answer: CheckpointAnswer | None) -> CheckpointAsk | None:
-    """While the attempt runs on a node with a notice: the request to make (``answer`` None), or what its
-    answer means for the status. Returns the request the controller is to make, if any."""
-    ask = _due(draft, current, notices)
+def ask_for_checkpoint(draft: Draft, current: Sequence[PodState]) -> CheckpointAsk | None:
+    """While the attempt runs on a node with a notice (``draft.notices``): the request to make, or, once the
+    controller made it (``draft.checkpoint_answer``), what its answer means for the status. Returns the request
+    the controller is to make, if any."""
+    ask, answer = _due(draft, current, draft.notices), draft.checkpoint_answer
     if ask is None:
         return None
     if answer is None or answer.ask != ask:

@@ -20,20 +20,15 @@ __all__ = ["SCRAPE_TIMEOUT_SECONDS", "ask_checkpoint", "fetch_progress", "fetch_
 SCRAPE_TIMEOUT_SECONDS = 3.0
 # How long a stall's restart waits for all of its ranks' stacks.
 STACKS_DEADLINE_SECONDS = 30.0
+WHOLE_REQUEST = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
+# A rank's stack: the time counts from its connection, not from its turn in the session's queue (fetch_stacks).
+FROM_CONNECTION = aiohttp.ClientTimeout(sock_connect=SCRAPE_TIMEOUT_SECONDS, sock_read=SCRAPE_TIMEOUT_SECONDS)
 
 
 async def fetch_progress(session: aiohttp.ClientSession, pod_ip: str, port: int = api.METRICS_PORT) -> Scrape:
     """Scrape one endpoint; a failed Scrape when it cannot be read (connection refused, timeout, HTTP error)."""
-    url = f"http://{pod_ip}:{port}/metrics"
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)) as response:
-            if response.status != 200:
-                return Scrape(error=f"{url} answered HTTP {response.status}")
-            return read_progress(await response.text())
-    except TimeoutError:
-        return Scrape(error=f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
-    except (aiohttp.ClientError, UnicodeDecodeError) as error:
-        return Scrape(error=f"{url}: {type(error).__name__}: {error}"[:256])
+    text, error = await _read(session, "GET", f"http://{pod_ip}:{port}/metrics", 200, WHOLE_REQUEST)
+    return Scrape(error=error) if error else read_progress(text)
 
 
 async def fetch_stacks(session: aiohttp.ClientSession, pods: Sequence[tuple[str, str]], procs_per_node: int,
@@ -54,16 +49,9 @@ async def fetch_stacks(session: aiohttp.ClientSession, pods: Sequence[tuple[str,
 
 
 async def _fetch_stack(session: aiohttp.ClientSession, url: str, pod: str, local_rank: int) -> RankStack | Silent:
-    timeout = aiohttp.ClientTimeout(sock_connect=SCRAPE_TIMEOUT_SECONDS, sock_read=SCRAPE_TIMEOUT_SECONDS)
-    try:
-        async with session.get(url, timeout=timeout) as response:
-            if response.status != 200:
-                return Silent(pod, local_rank, f"HTTP {response.status}")
-            text = await response.text()
-    except TimeoutError:
-        return Silent(pod, local_rank, f"no answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
-    except (aiohttp.ClientError, UnicodeDecodeError) as error:
-        return Silent(pod, local_rank, f"{type(error).__name__}: {error}"[:200])
+    text, error = await _read(session, "GET", url, 200, FROM_CONNECTION)
+    if error:
+        return Silent(pod, local_rank, error)
     try:
         return parse_stack(json.loads(text))
     except (ValueError, KeyError, TypeError):
@@ -75,13 +63,19 @@ async def ask_checkpoint(session: aiohttp.ClientSession, pod_ip: str | None, ask
     """``POST /checkpoint`` to rank 0: the gang saves at its next step (202), or why it could not be asked."""
     if pod_ip is None:
         return CheckpointAnswer(ask, "rank 0 has no address yet")
-    url = f"http://{pod_ip}:{port}{api.CHECKPOINT_PATH}"
+    _, error = await _read(session, "POST", f"http://{pod_ip}:{port}{api.CHECKPOINT_PATH}", 202, WHOLE_REQUEST)
+    return CheckpointAnswer(ask, error)
+
+
+async def _read(session: aiohttp.ClientSession, method: str, url: str, expected: int,
+                timeout: aiohttp.ClientTimeout) -> tuple[str, str | None]:
+    """One request to a trainer: (the answer's text, None), or ("", why there is none)."""
     try:
-        async with session.post(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)) as response:
-            if response.status != 202:
-                return CheckpointAnswer(ask, f"{url} answered HTTP {response.status}")
-            return CheckpointAnswer(ask)
+        async with session.request(method, url, timeout=timeout) as response:
+            if response.status != expected:
+                return "", f"{url} answered HTTP {response.status}"
+            return await response.text(), None
     except TimeoutError:
-        return CheckpointAnswer(ask, f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s")
-    except aiohttp.ClientError as error:
-        return CheckpointAnswer(ask, f"{url}: {type(error).__name__}: {error}"[:256])
+        return "", f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:.0f}s"
+    except (aiohttp.ClientError, UnicodeDecodeError) as error:
+        return "", f"{url}: {type(error).__name__}: {error}"[:256]
