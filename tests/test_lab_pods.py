@@ -210,3 +210,20 @@ def test_the_final_delete_is_retried_until_it_lands(monkeypatch: pytest.MonkeyPa
     assert calls == ["/api/v1/namespaces/ns/pods/victim"] * 3
     worker._delete_from_api()  # once it landed, never again
     assert len(calls) == 3
+
+
+def test_a_dead_pods_late_status_write_never_lands_on_the_next_pod_of_its_name(lab: Lab, namespace: str) -> None:
+    # A failed pod is deleted at once (no grace for a terminal pod) and its controller may create the next pod of
+    # the same name before the old worker's last status write: that write must not mark the newcomer failed.
+    _create(lab, namespace, pod_manifest("twin", ["python"], ["-c", "raise SystemExit(3)"]))
+    wait_pod(lab.api, namespace, "twin", ("Failed",))
+    old = lab._kubelet.worker(namespace, "twin")
+    lab.api.delete(f"/api/v1/namespaces/{namespace}/pods/twin")
+    wait_pod_gone(lab.api, namespace, "twin", timeout=30)
+    _create(lab, namespace, pod_manifest("twin", ["python"], ["-c", "import time; time.sleep(600)"]))
+    wait_pod(lab.api, namespace, "twin", ("Running",))
+
+    old._write_status()
+    pod = get_pod(lab.api, namespace, "twin")
+    assert pod is not None and pod["metadata"]["uid"] != old.uid
+    assert pod["status"]["phase"] == "Running", pod["status"]

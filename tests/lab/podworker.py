@@ -59,6 +59,16 @@ def pod_processes(uid: str) -> list[psutil.Process]:
     return found
 
 
+def _another_pod(error: ApiError) -> bool:
+    """The write named a UID that the pod of that name does not have."""
+    if error.status != 422:
+        return False
+    with contextlib.suppress(ValueError):
+        causes = json.loads(error.body).get("details", {}).get("causes") or []
+        return any(cause.get("field") == "metadata.uid" for cause in causes)
+    return False
+
+
 def signal_pod(uid: str, signum: int) -> None:
     for proc in pod_processes(uid):
         try:
@@ -434,14 +444,17 @@ class PodWorker:
             status["startTime"] = self.start_time
         if self.sandbox is not None:
             status.update(podIP=self.sandbox.ip, podIPs=[{"ip": self.sandbox.ip}])
+        # As the kubelet's status manager, the patch names the pod's UID: a terminal pod is deleted at once, and
+        # its controller may create the next pod of the same name before this worker's last write, which the
+        # apiserver must then refuse (422, the UID is immutable) rather than make the newcomer look dead.
+        patch = {"metadata": {"uid": self.uid}, "status": status}
         deadline = time.monotonic() + STATUS_RETRY_S
         while True:
             try:
-                self.latest = self.api.merge_patch(pod_path(self.namespace, self.name, "status"),
-                                                   {"status": status})
+                self.latest = self.api.merge_patch(pod_path(self.namespace, self.name, "status"), patch)
                 return
             except ApiError as error:
-                if error.status == 404:  # a pod already gone has no status to write
+                if error.status == 404 or _another_pod(error):  # gone already, or another pod of its name
                     return
                 if error.status < 500 or time.monotonic() > deadline:
                     raise
