@@ -176,11 +176,18 @@ def _controllers() -> list[Path]:
     return [d for d in sorted(CGROUP_FS.iterdir()) if d.is_dir() and d.name != "unified"]
 
 
+def _cgroups_deepest_first(top: Path) -> list[Path]:
+    """Every cgroup under ``top`` (not itself), children before parents. os.walk, unlike Path.rglob, passes over a
+    cgroup that containerd removes while the walk goes (a container that just died)."""
+    return [Path(root) / name for root, dirs, _ in os.walk(top, topdown=False) for name in dirs]
+
+
 def _cgroup_pids(layout: RealNodeLayout) -> set[int]:
     pids: set[int] = set()
-    for procs in (CGROUP_FS / "pids" / layout.cgroup_root.lstrip("/")).rglob("cgroup.procs"):
+    top = CGROUP_FS / "pids" / layout.cgroup_root.lstrip("/")
+    for cgroup in [top, *_cgroups_deepest_first(top)]:
         try:
-            pids.update(int(line) for line in procs.read_text().split())
+            pids.update(int(line) for line in (cgroup / "cgroup.procs").read_text().split())
         except OSError:
             continue
     return pids
@@ -225,9 +232,9 @@ def remove_leftovers(layout: RealNodeLayout) -> None:
     files = layout.files
     for point in sorted(_mounts_under(files.root, files.state), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
-    for controller in _controllers():
+    for controller in [*_controllers(), CGROUP_FS / "unified"]:  # runc makes the container's there too
         top = controller / layout.cgroup_root.lstrip("/")
-        for cgroup in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        for cgroup in _cgroups_deepest_first(top):
             _rmdir_quietly(cgroup)
         _rmdir_quietly(top)
     if CONTAINER_LOGS.is_dir():
