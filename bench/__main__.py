@@ -38,6 +38,7 @@ def all_benchmarks() -> tuple[Benchmark, ...]:
         core,
         frontier,
         gang,
+        inplace,
         kueue,
         peer,
         recovery,
@@ -51,7 +52,7 @@ def all_benchmarks() -> tuple[Benchmark, ...]:
     # weigh on a freshly started operator) when the peer measures memory.
     ordered = (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
                *recovery.BENCHMARKS, *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS, *kueue.BENCHMARKS,
-               *gang.BENCHMARKS, *frontier.BENCHMARKS)
+               *gang.BENCHMARKS, *inplace.BENCHMARKS, *frontier.BENCHMARKS)
     return tuple(sorted(ordered, key=lambda bench: bench.needs_lab))  # stable: the order above within each kind
 
 

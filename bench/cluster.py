@@ -40,17 +40,20 @@ RUN_DIR_PREFIX = "bench-"
 class Cluster:
     """The lab with the CRD and the operator; :meth:`stop` leaves nothing running."""
 
-    def __init__(self, ctx: Context, *, kueue: bool = False, gang: bool = False, kwok_nodes: int = 0) -> None:
+    def __init__(self, ctx: Context, *, kueue: bool = False, gang: bool = False, kwok_nodes: int = 0,
+                 real_node: bool = False) -> None:
         """``kueue``: a lab of its own with Kueue running (bench/kueue.py): Kueue's webhooks see every pod.
         ``gang``: a lab of its own serving scheduling.k8s.io/v1beta1 PodGroups (bench/gang.py).
-        ``kwok_nodes``: a lab of its own with that many simulated nodes (bench/frontier.py)."""
+        ``kwok_nodes``: a lab of its own with that many simulated nodes (bench/frontier.py).
+        ``real_node``: a lab of its own whose one node is the real kubelet + containerd (bench/inplace.py)."""
         from tests.lab.lab import LAB_HOME
 
         self.ctx = ctx
         self.kueue = kueue
         self.gang = gang
         self.kwok_nodes = kwok_nodes
-        kind = "kueue-" if kueue else "gang-" if gang else "kwok-" if kwok_nodes else ""
+        self.real_node = real_node
+        kind = "kueue-" if kueue else "gang-" if gang else "kwok-" if kwok_nodes else "real-" if real_node else ""
         self.run_dir = LAB_HOME / f"{RUN_DIR_PREFIX}{kind}{os.getpid()}"
         self.lab: Any = None
         self.operator: Any = None
@@ -64,11 +67,12 @@ class Cluster:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         extras = ((", Kueue" if self.kueue else "") + (", PodGroups" if self.gang else "")
                   + (f", {self.kwok_nodes} simulated nodes" if self.kwok_nodes else ""))
-        self.ctx.log(f"starting the lab (2 nodes{extras}) in {self.run_dir}")
+        nodes = "the real node" if self.real_node else "2 nodes"
+        self.ctx.log(f"starting the lab ({nodes}{extras}) in {self.run_dir}")
         self._keep_lab_log()
         started = time.monotonic()
-        lab = Lab(self.run_dir, nodes=2, gpus_per_node=0, kueue=self.kueue, gang=self.gang,
-                  kwok_nodes=self.kwok_nodes)
+        lab = Lab(self.run_dir, nodes=0 if self.real_node else 2, gpus_per_node=0, kueue=self.kueue, gang=self.gang,
+                  kwok_nodes=self.kwok_nodes, real_node=self.real_node)
         lab.start()  # stops what it started if it fails
         self.lab = lab
         self.lab.kubectl("apply", "--server-side", "-f", str(CRD))
@@ -76,10 +80,18 @@ class Cluster:
         _, kubeconfig = install_identity(self.lab)
         compile_operator()
         # The operator as a user runs it: its default progress interval, not the tests' 2 s.
-        self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log", ("--all-namespaces",),
-                                        progress_interval=None)
+        self.operator = OperatorProcess(kubeconfig, self.run_dir / "operator.log",
+                                        ("--all-namespaces", *self._trainer_image()), progress_interval=None)
         self.operator.start()
         self.ctx.log(f"lab and operator up in {time.monotonic() - started:.0f} s")
+
+    def _trainer_image(self) -> tuple[str, ...]:
+        """The real node runs the trainer image built here (never pulled: no registry)."""
+        if not self.real_node:
+            return ()
+        from tests.lab.oci import IMAGES
+
+        return (f"--trainer-image={IMAGES['trainer'].removeprefix('docker.io/')}",)
 
     def _keep_lab_log(self) -> None:
         """The lab's own log (its kubelets: pod starts, kills, final deletes) in the run directory, for a run that

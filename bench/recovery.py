@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from bench.cluster import Cluster, cluster
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
 
-__all__ = ["BENCHMARKS"]
+__all__ = ["BENCHMARKS", "json_lines", "training_again"]
 
 Json = Any
 NODES = 3
@@ -43,12 +45,8 @@ def _job(claim: str) -> Json:
     }
 
 
-def _rank0_events(lab: Cluster, namespace: str, name: str) -> list[Json]:
-    """The JSON lines of pod 0's log (rank 0 alone logs them); [] while it has none."""
-    try:
-        text = lab.lab.pod_log(namespace, f"{name}-0").read_text()
-    except (OSError, KeyError):
-        return []
+def json_lines(text: str) -> list[Json]:
+    """The JSON objects of a log's lines (after torchrun's prefix), in order."""
     events = []
     for line in text.splitlines():
         start = line.find("{")
@@ -60,18 +58,27 @@ def _rank0_events(lab: Cluster, namespace: str, name: str) -> list[Json]:
     return events
 
 
-def _training_again(lab: Cluster, namespace: str, name: str, since: float, timeout: float = 300) -> float:
-    """The wall time of rank 0's first step after a resume logged after ``since``."""
+def training_again(rank0_events: Callable[[], list[Json]], what: str, since: float, timeout: float = 300) -> float:
+    """The wall time of rank 0's first step after a resume logged after ``since``, from ``rank0_events()`` (rank 0's
+    log, read again until it has them)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        events = _rank0_events(lab, namespace, name)
+        events = rank0_events()
         resumed = next((e for e in events if e.get("event") == "resume" and e["time"] > since), None)
         if resumed is not None:
             step = next((e for e in events if e.get("event") == "step" and e["time"] > resumed["time"]), None)
             if step is not None:
                 return float(step["time"])
         time.sleep(0.5)
-    raise TimeoutError(f"{namespace}/{name}: rank 0 did not train again within {timeout:.0f} s")
+    raise TimeoutError(f"{what}: rank 0 did not train again within {timeout:.0f} s")
+
+
+def _rank0_events(lab: Cluster, namespace: str, name: str) -> list[Json]:
+    """The JSON lines of pod 0's log (rank 0 alone logs them); [] while it has none."""
+    try:
+        return json_lines(lab.lab.pod_log(namespace, f"{name}-0").read_text())
+    except (OSError, KeyError):
+        return []
 
 
 def _recovery_seconds(ctx: Context, lab: Cluster, namespace: str, name: str, evicted: int) -> float:
@@ -86,7 +93,8 @@ def _recovery_seconds(ctx: Context, lab: Cluster, namespace: str, name: str, evi
     lab.lab.api.post(f"/api/v1/namespaces/{namespace}/pods/{name}-{evicted}/eviction",
                      {"apiVersion": "policy/v1", "kind": "Eviction",
                       "metadata": {"name": f"{name}-{evicted}", "namespace": namespace}})
-    seconds = _training_again(lab, namespace, name, evicted_at) - evicted_at
+    seconds = training_again(partial(_rank0_events, lab, namespace, name), f"{namespace}/{name}",
+                             evicted_at) - evicted_at
     status = jobs.get(name)["status"]
     expected_attempt = 0 if evicted else 1
     if status.get("attempt") != expected_attempt:

@@ -29,11 +29,13 @@ def pod(
     node: str = "node-0",
     unschedulable: str | None = None,
     uid: str | None = None,
+    restarted: tuple[int, int, str] | None = None,
 ) -> Json:
     """A pod object in ``phase``; a terminated container when exit_code is given.
 
     ``job_uid`` is the job-uid label (the policy tests' job has uid-1); None leaves it out. ``unschedulable``: the
-    scheduler's message on a pod it could not place (not scheduled, reason Unschedulable).
+    scheduler's message on a pod it could not place (not scheduled, reason Unschedulable). ``restarted``: the
+    kubelet restarted its containers in place (restart count, the last run's exit code, its finishedAt).
     """
     conditions = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
     if unschedulable is not None:
@@ -51,6 +53,11 @@ def pod(
         if message:
             terminated["message"] = message
         container["state"] = {"terminated": terminated}
+    if restarted is not None:
+        count, code, ended = restarted
+        container["restartCount"] = count
+        container["lastState"] = {"terminated": {"exitCode": code, "reason": "Error", "startedAt": T0,
+                                                 "finishedAt": ended, **({"message": message} if message else {})}}
     status: dict[str, Json] = {"phase": phase, "conditions": conditions}
     if phase != "Pending" or scheduled:
         status |= {"startTime": T0, "containerStatuses": [container]}

@@ -210,3 +210,28 @@ def test_a_job_with_one_failure_through_reconcile_adds_up_to_its_wall_time() -> 
     assert goodput == goodput | {"queuedSeconds": 5 + 3, "startingSeconds": 4 + 8, "lostSeconds": 30,
                                  "trainingSeconds": 40 + 70, "restartingSeconds": 5 + 5 + 10, "stalledSeconds": 0}
     assert goodput["shareText"] == "61%"
+
+
+def test_a_restart_in_place_loses_the_training_since_the_checkpoint_and_restarts_until_read() -> None:
+    """The same job whose pod 1 the kubelet restarted in place: same attempt, the same accounting as a restart."""
+    trainer = job()
+    pods = [pod(0, uid="u-0"), pod(1, uid="u-1")]
+    restarted = [pod(0, uid="u-0"), pod(1, uid="u-1", restarted=(1, 1, stamp(89)))]
+    status: dict[str, Json] = {}
+    steps: list[tuple[int, list[Json], Progress | None]] = [
+        (5, [], None),
+        (12, pods, None),
+        (20, pods, Progress(step=5)),
+        (60, pods, Progress(step=50, checkpoint_step=40)),  # checkpoint seen at 60
+        (90, restarted, None),  # pod 1 restarted in place: Restarting, attempt 0
+        (95, restarted, None),  # both ready again, rank 0 not read yet
+        (105, restarted, Progress(step=45, resumed_from_step=40)),
+        (180, [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)], None),
+    ]
+    for seconds, current, progress in steps:
+        status = reconcile(trainer, status, states(*current), at(seconds), progress).status
+        assert_valid_status(status)
+    goodput = status["goodput"]
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Succeeded", 0, 1)
+    assert total(goodput) == 180
+    assert goodput == goodput | {"lostSeconds": 30, "restartingSeconds": 5 + 10, "trainingSeconds": 40 + 75}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from kubetrain.cli.local import plan_local_run
 from kubetrain.core import api
 from kubetrain.core.manifests import build_pod
+from kubetrain.core.naming import pod_name
 from kubetrain.core.spec import TrainingJob, parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,28 +76,34 @@ def test_small_gangs_beat_often_so_that_a_lost_agent_is_let_go_soon(nodes: int, 
     assert params.get_as_int("keep_alive_max_attempt") == 4, "beats go 1-2 intervals apart: 4 misses leave 2 of slack"
 
 
-def _agent_name(job: TrainingJob, index: int, uid: str, pid: int = 1) -> Any:
-    """torch's name for node ``index``'s agent (its _NodeDesc), in a container whose torchrun has ``pid``."""
+def _agent_name(job: TrainingJob, index: int, bin_dir: Path, pid: int = 1) -> Any:
+    """torch's name for node ``index``'s agent (its _NodeDesc) in one run of its container, whose torchrun has
+    ``pid``: the container's command runs with a ``torchrun`` in ``bin_dir`` that prints the name it was given."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
-    env = build_pod(job, index, attempt=0)["spec"]["containers"][0]["env"]
-    given = {e["name"]: e.get("value") for e in env}.get(api.ENV.LOCAL_ADDR)
+    container = build_pod(job, index, attempt=0)["spec"]["containers"][0]
     fqdn = f"{job.name}-{index}.{job.name}.default.svc.cluster.local"  # torch's default: socket.getfqdn()
-    addr = given.replace(f"$({api.ENV.POD_UID})", uid) if given else fqdn
-    return _NodeDesc(addr, pid, 0)
+    fake = bin_dir / "torchrun"
+    fake.write_text(f'#!/bin/sh\necho "${{{api.ENV.LOCAL_ADDR}:-{fqdn}}}"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", api.ENV.POD_NAME: pod_name(job.name, index)}
+    run = subprocess.run([*container["command"], *container["args"]], env=env, capture_output=True, text=True,
+                         check=True)
+    return _NodeDesc(run.stdout.strip(), pid, 0)
 
 
-def test_a_replacement_agent_is_a_new_member_of_the_rendezvous_and_node_0_stays_rank_0() -> None:
-    # torch names an agent by FQDN and pid; a replacement in a container has both, and would be taken for the
-    # lost agent. torch ranks the agents by name: node 0 must still sort first (global rank 0 is read there).
+def test_every_run_of_an_agent_is_a_new_member_of_the_rendezvous_and_node_0_stays_rank_0(tmp_path: Path) -> None:
+    # torch names an agent by FQDN and pid; a replacement pod, or a pod restarted in place by its kubelet, has both
+    # in a container, and would be taken for the member that left. torch ranks the agents by name: node 0 must
+    # still sort first (global rank 0 is read there).
     document = yaml.safe_load((ROOT / "examples" / "trainingjob-cpu.yaml").read_text())
     document["spec"] |= {"nodes": 12}
     job = parse(document)
-    first = [_agent_name(job, i, f"{i}f00-first") for i in range(12)]
-    assert _agent_name(job, 1, "9a11-replacement") != first[1]
-    assert _agent_name(job, 0, "0a00-replacement") == first[0], "node 0 keeps its FQDN: the workers meet there"
+    first = [_agent_name(job, i, tmp_path) for i in range(12)]
+    assert _agent_name(job, 1, tmp_path) != first[1]
+    assert _agent_name(job, 0, tmp_path) == first[0], "node 0 keeps its FQDN: the workers meet there"
     assert sorted(first)[0] == first[0]
-    assert sorted([*first[:3], _agent_name(job, 3, "0000-replacement"), *first[4:]])[0] == first[0]
+    assert sorted([*first[:3], _agent_name(job, 3, tmp_path), *first[4:]])[0] == first[0]
 
 
 def _hosts(environments: list[dict[str, str]]) -> list[bool | None]:

@@ -145,9 +145,13 @@ def test_user_command_runs_under_torchrun_without_python_wrapper() -> None:
     document = base_job()
     del document["spec"]["trainer"]
     document["spec"] |= {"command": ["python", "train.py"], "args": ["--lr", "0.1"]}
-    container = build_pod(_job(document), 0, 0)["spec"]["containers"][0]
+    job = _job(document)
+    container = build_pod(job, 0, 0)["spec"]["containers"][0]
     assert container["command"] == ["torchrun"]
     assert container["args"] == ["--no-python", "python", "train.py", "--lr", "0.1"]
+    other = build_pod(job, 1, 0)["spec"]["containers"][0]  # through sh, which names its agent, then torchrun
+    assert other["command"][:2] == ["sh", "-c"] and other["command"][2].endswith('exec torchrun "$@"')
+    assert other["args"] == container["args"]
 
 
 def test_gpus_become_limits_and_a_toleration() -> None:
@@ -177,6 +181,23 @@ def test_restricted_pod_security_and_restart_policy() -> None:
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+@pytest.mark.parametrize(("in_place", "rule"), [
+    (None, [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [1]}}]),
+    (False, None),
+])
+def test_torchruns_failure_restarts_the_pods_containers_in_place_unless_turned_off(in_place: bool | None,
+                                                                                   rule: Any) -> None:
+    document = base_job()
+    if in_place is not None:
+        document["spec"]["failurePolicy"] = {"restartInPlace": in_place}
+    container = build_pod(_job(document), 1, 0)["spec"]["containers"][0]
+    assert container.get("restartPolicyRules") == rule
+    assert container.get("restartPolicy") == ("Never" if rule else None)
+    # Nor where a node does not declare the feature: the scheduler would not place the pod there.
+    elsewhere = build_pod(_job(document), 1, 0, nodes_restart_in_place=False)["spec"]["containers"][0]
+    assert "restartPolicyRules" not in elsewhere
 
 
 def test_children_are_owned_by_the_job() -> None:

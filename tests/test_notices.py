@@ -3,11 +3,14 @@ operator asks rank 0 for, once per attempt and node, said in the status and an e
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kubetrain.core.lifecycle import reconcile
+from kubetrain.core.nodes import IN_PLACE_FEATURE, lacks_in_place_restarts
 from kubetrain.core.notices import RETRY_SECONDS, node_notice
 from kubetrain.core.status import CheckpointAnswer, CheckpointAsk
+from kubetrain.k8s.nodewatch import NodeWatch
 from tests.pods import pod, states
 from tests.status_schema import assert_valid_status
 from tests.test_policy import KNOWN, NOW, job, reasons, running
@@ -75,3 +78,36 @@ def test_only_a_built_in_trainer_with_checkpoints_on_a_claim_is_asked() -> None:
                         notices={"node-b": CORDONED})
     assert pending.status["phase"] != "Running" and pending.ask_checkpoint is None
 
+
+
+def _node(name: str, *, declared: tuple[str, ...] = (), cordoned: bool = False) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": "7"}, "spec": {"unschedulable": cordoned},
+            "status": {"declaredFeatures": list(declared)}}
+
+
+def test_pods_restart_in_place_only_while_every_node_that_takes_pods_declares_it() -> None:
+    """The scheduler would place a pod with the RestartAllContainers rule only on a node declaring the feature."""
+    class Listing:
+        def __init__(self, nodes: list[dict[str, Any]]) -> None:
+            self.nodes = nodes
+
+        async def list_nodes_to_watch(self) -> tuple[list[dict[str, Any]], str]:
+            return self.nodes, "7"
+
+    able = _node("gpu-0", declared=(IN_PLACE_FEATURE,))
+    kube = Listing([able, _node("old-0", cordoned=True)])
+    watch = NodeWatch(kube)  # type: ignore[arg-type]  # only its list is read here
+    assert watch.restart_in_place is False, "not before the nodes were listed"
+
+    async def follow() -> None:
+        await watch.listed(0.01)
+        await watch._list()
+        await watch.listed(1)
+
+    asyncio.run(follow())
+    assert watch.restart_in_place is True, "a cordoned node takes no pods"
+    watch._apply({"type": "ADDED", "object": _node("old-1")})
+    assert watch.restart_in_place is False
+    watch._apply({"type": "DELETED", "object": _node("old-1")})
+    assert watch.restart_in_place is True
+    assert lacks_in_place_restarts(_node("old-2")) and not lacks_in_place_restarts(able)

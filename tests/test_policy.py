@@ -821,6 +821,104 @@ class TestAbsurdReports:
         assert_valid_status(decision.status)
 
 
+RESTARTED_AT = "2026-11-01T10:09:58Z"
+
+
+class TestInPlaceRestart:
+    """torchrun failed in a pod whose kubelet restarted its containers where it stands: same pod, same attempt."""
+
+    def test_it_is_counted_once_and_the_gang_reforms_at_the_same_attempt(self) -> None:
+        pods = states(pod(0, uid="u-0"), pod(1, uid="u-1", node="node-1", restarted=(1, 1, RESTARTED_AT)))
+        first = reconcile(job(), running(), pods, NOW)
+        assert first.status["phase"] == "Restarting" and first.delete == () and not first.create
+        assert (first.status["attempt"], first.status["restarts"]) == (0, 1)
+        (record,) = first.status["failures"]
+        assert (record["pod"], record["podUID"], record["containerRestarts"], record["exitCode"]) == (
+            "valid-1", "u-1", 1, 1)
+        assert (record["recovery"], record["counted"], record["node"]) == ("InPlaceRestart", True, "node-1")
+        assert reasons(first) == ["InPlaceRestart"] and "in place" in first.status["message"]
+        assert condition(first, "Restarting")["reason"] == "InPlaceRestart"
+        assert "runningTime" not in first.status
+        assert_valid_status(first.status)
+        again = reconcile(job(), first.status, pods, NOW + timedelta(seconds=5))
+        assert again.status["restarts"] == 1 and len(again.status["failures"]) == 1 and reasons(again) != [
+            "InPlaceRestart"]
+        assert again.status["phase"] == "Running"  # both pods ready again: the stall clock starts again
+        assert again.status["runningTime"] == "2026-11-01T10:10:05Z"
+
+    def test_the_others_restarted_by_the_same_failure_are_not_counted_again(self) -> None:
+        failed = states(pod(0, uid="u-0"), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT)))
+        first = reconcile(job(), running(), failed, NOW)
+        store_lost = states(pod(0, uid="u-0", restarted=(1, 1, "2026-11-01T10:10:04Z")),
+                            pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT)))
+        second = reconcile(job(), first.status, store_lost, NOW + timedelta(seconds=5))
+        assert second.status["restarts"] == 1
+        assert [(r["pod"], r["counted"]) for r in second.status["failures"]] == [("valid-1", True), ("valid-0", False)]
+        crash_again = states(pod(0, uid="u-0", restarted=(1, 1, "2026-11-01T10:10:04Z")),
+                             pod(1, uid="u-1", restarted=(2, 1, "2026-11-01T10:10:09Z")))
+        third = reconcile(job(), second.status, crash_again, NOW + timedelta(seconds=10))
+        assert third.status["restarts"] == 2, "a pod's own next failure is a restart of its own"
+
+    def test_the_run_that_ended_is_read_while_the_kubelet_restarts_the_pod_and_counted_once_after(self) -> None:
+        # As the real kubelet (v1.37.2) shows it: first the run's own end, with the pod's AllContainersRestarting
+        # condition; then restartCount 1, and a lastState that only says the kubelet removed the container.
+        words = '{"reason": "Error", "exitCode": 1, "message": "ValueError: bad batch"}'
+        restarting = pod(1, uid="u-1", exit_code=1, message=words)
+        restarting["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
+        first = reconcile(job(), running(), states(pod(0), restarting), NOW)
+        (record,) = first.status["failures"]
+        assert (record["containerRestarts"], record["exitCode"], record["counted"]) == (1, 1, True)
+        assert "ValueError: bad batch" in record["logTail"] and first.status["restarts"] == 1
+        removed = pod(1, uid="u-1", restarted=(1, 137, RESTARTED_AT))
+        removed["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"] = "RestartingAllContainers"
+        after = reconcile(job(), first.status, states(pod(0), removed), NOW + timedelta(seconds=3))
+        assert after.status["restarts"] == 1 and len(after.status["failures"]) == 1
+
+    def test_a_run_that_ended_on_the_closed_rendezvous_is_a_consequence_whenever_it_comes(self) -> None:
+        first = reconcile(job(), running(), states(pod(0), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT))), NOW)
+        closed = "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"
+        later = NOW + timedelta(minutes=5)
+        pods = states(pod(0), pod(1, uid="u-1", message=closed, restarted=(2, 1, "2026-11-01T10:14:58Z")))
+        decision = reconcile(job(), first.status, pods, later)
+        assert decision.status["restarts"] == 1 and decision.status["failures"][-1]["counted"] is False
+
+    def test_a_gang_that_does_not_form_again_in_place_is_made_again_with_new_pods(self) -> None:
+        closed = "RendezvousClosedError"
+        status = reconcile(job(), running(), states(pod(0), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT))),
+                           NOW).status
+        for run in range(2, 10):
+            pods = states(pod(0), pod(1, uid="u-1", message=closed, restarted=(run, 1, RESTARTED_AT)))
+            decision = reconcile(job(), status, pods, NOW + timedelta(seconds=5 * run))
+            status = decision.status
+            if status["attempt"] == 1:
+                break
+        assert (status["attempt"], status["restarts"], run) == (1, 1, 8), "2 nodes: 6 uncounted runs allowed"
+        assert status["failures"][-1]["recovery"] == "GangRestart" and set(decision.delete) == {"valid-0", "valid-1"}
+
+    def test_one_too_many_fails_the_job(self) -> None:
+        pods = states(pod(0), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT)))
+        decision = reconcile(job(failurePolicy={"backoffLimit": 0}), running(), pods, NOW)
+        assert decision.status["phase"] == "Failed" and set(decision.delete) == {"valid-0", "valid-1"}
+        assert condition(decision, "Failed")["reason"] == "BackoffLimitExceeded"
+        assert "recovery" not in decision.status["failures"][0]
+
+    def test_a_rejected_configuration_fails_the_job_at_once(self) -> None:
+        words = '{"reason": "ConfigError", "message": "unknown key lr_schedule"}'
+        pods = states(pod(0), pod(1, uid="u-1", message=words, restarted=(1, 1, RESTARTED_AT)))
+        decision = reconcile(job(), running(), pods, NOW)
+        assert decision.status["phase"] == "Failed"
+        assert condition(decision, "Failed")["reason"] == "InvalidTrainerConfig"
+        assert "unknown key lr_schedule" in decision.status["message"]
+
+    def test_a_pod_restarted_in_place_then_evicted_is_still_a_disruption(self) -> None:
+        pods = states(pod(0), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT)), pod(2))
+        restarted = reconcile(three_nodes(), running(nodes={"desired": 3}), pods, NOW)
+        evicted = states(pod(0), pod(1, uid="u-1", deleting=EVICTING, restarted=(1, 1, RESTARTED_AT)), pod(2))
+        decision = reconcile(three_nodes(), restarted.status, evicted, NOW + timedelta(seconds=5))
+        assert (decision.status["restarts"], decision.status["disruptions"]) == (1, 1)
+        assert decision.status["failures"][-1]["recovery"] == "PodReplaced"
+
+
 # Every reason a job can end Failed with, or that its status can show while retrying or while progress is
 # unknown: each must be explained in the README's failure table.
 DOCUMENTED_REASONS = [

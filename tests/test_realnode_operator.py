@@ -26,7 +26,7 @@ import yaml
 
 from tests.lab.build import ensure_binary
 from tests.lab.chart import CHART
-from tests.lab.jobs import Jobs
+from tests.lab.jobs import Jobs, kill_workers
 from tests.lab.lab import Lab
 from tests.lab.oci import IMAGES
 from tests.lab.procs import wait_for
@@ -323,16 +323,22 @@ def _assert_checkpoints_written_by_uid_1000(lab: Lab, namespace: str) -> None:
     assert {os.stat(p).st_uid for p in files} == {1000}
 
 
+def _example_job_past_a_checkpoint(lab: Lab, jobs: Jobs) -> int:
+    """The README's example (KILLED_JOURNEY_STEPS long) with its claim; the step of its first checkpoint."""
+    lab.kubectl("apply", "-n", jobs.namespace, "-f", str(CLAIM))
+    lab.kubectl("apply", "-n", jobs.namespace, "-f", "-", stdin=example_job(max_steps=KILLED_JOURNEY_STEPS))
+    status = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 50, "a first checkpoint",
+                       timeout=600)
+    return int(status["lastCheckpoint"]["step"])
+
+
 def test_an_evicted_container_pod_is_replaced_alone_while_the_other_waits(in_cluster: InCluster,
                                                                            real_namespace: str) -> None:
     """Issue 29.2 with containers: each agent's pid is its container's own, so a replacement may have the pid of
     the pod it replaces; named by pod and uid in the rendezvous, it joins as a new member."""
     lab = in_cluster.lab
     jobs = Jobs(lab, real_namespace)
-    lab.kubectl("apply", "-n", real_namespace, "-f", str(CLAIM))
-    lab.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=example_job(max_steps=KILLED_JOURNEY_STEPS))
-    saved = jobs.wait("digits", lambda s: s.get("lastCheckpoint", {}).get("step", 0) >= 50,
-                      "a first checkpoint", timeout=600)["lastCheckpoint"]["step"]
+    saved = _example_job_past_a_checkpoint(lab, jobs)
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.pods("digits")}
     evict(lab, real_namespace, "digits-1")
     status = jobs.wait_phase("digits", "Succeeded", timeout=900)
@@ -341,6 +347,32 @@ def test_an_evicted_container_pod_is_replaced_alone_while_the_other_waits(in_clu
     assert (status["attempt"], status["restarts"], status["disruptions"]) == (0, 0, 1), status
     (failure,) = status["failures"]
     assert (failure["pod"], failure["recovery"]) == ("digits-1", "PodReplaced"), failure
+    assert status["progress"]["resumedFromStep"] >= saved, status["progress"]
+
+
+def test_a_failed_worker_has_its_pod_restarted_in_place_and_the_gang_resumes(in_cluster: InCluster,
+                                                                              real_namespace: str) -> None:
+    """Issue 29.1: a worker of pod 1 dies (SIGKILL), torchrun exits 1, and the kubelet restarts the pod's containers
+    where it stands (RestartAllContainers): same uid and IP; its new agent joins the rendezvous as a new member,
+    pod 0's waiting worker is restarted by its agent, and the gang resumes from the checkpoint at the same attempt."""
+    lab = in_cluster.lab
+    jobs = Jobs(lab, real_namespace)
+    saved = _example_job_past_a_checkpoint(lab, jobs)
+    before = {p["metadata"]["name"]: (p["metadata"]["uid"], p["status"]["podIP"]) for p in jobs.pods("digits")}
+    kill_workers(lab, real_namespace, "digits-1")
+    status = jobs.wait_phase("digits", "Succeeded", timeout=900)
+    pods = jobs.pods("digits")
+    after = {p["metadata"]["name"]: (p["metadata"]["uid"], p["status"]["podIP"]) for p in pods}
+    assert after == before, "no pod was made again: same uids, same IPs"
+    # The whole gang ran again in place: pod 1's next run may end once more on the rendezvous its agent closed,
+    # before pod 0's agent, restarted, serves it afresh; those runs are not counted.
+    restarted = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
+    assert restarted["digits-0"] >= 1 and restarted["digits-1"] >= 1, restarted
+    assert (status["attempt"], status["restarts"], status.get("disruptions", 0)) == (0, 1, 0), status
+    (failure,) = [f for f in status["failures"] if f["counted"]]
+    assert (failure["pod"], failure["recovery"], failure["exitCode"], failure["containerRestarts"]) == (
+        "digits-1", "InPlaceRestart", 1, 1), failure
+    assert all(f["recovery"] == "InPlaceRestart" for f in status["failures"]), status["failures"]
     assert status["progress"]["resumedFromStep"] >= saved, status["progress"]
 
 

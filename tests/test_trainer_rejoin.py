@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 import torch.distributed as dist
 
 from kubetrain.cli.ports import free_port_range
 from kubetrain.core.launch import KEEP_ALIVE_MISSES, keep_alive_seconds
-from kubetrain_trainer.rejoin import peer_lost, rejoin_timeout, wait_to_rejoin
+from kubetrain_trainer.rejoin import Waited, peer_lost, rejoin_timeout, wait_to_rejoin
 from tests.trainer_helpers import parse_events, scrape, start_trainer, stop_process_group, wait_for
 
 GLOO_RESET = ("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:25482: Connection reset by peer. This is "
@@ -40,22 +44,27 @@ def test_the_wait_ends_when_the_agent_stops_the_worker_or_at_the_timeout() -> No
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    assert wait_to_rejoin(10, lambda: now[0] >= 3, clock=lambda: now[0], sleep=sleep) is True
+    assert wait_to_rejoin(10, lambda: now[0] >= 3, clock=lambda: now[0], sleep=sleep) is Waited.STOPPED
     now[0] = 0.0
-    assert wait_to_rejoin(10, lambda: False, clock=lambda: now[0], sleep=sleep) is False
+    assert wait_to_rejoin(10, lambda: False, clock=lambda: now[0], sleep=sleep) is Waited.TIMED_OUT
     assert 10 <= now[0] < 10.5
+    now[0], looks = 0.0, []
+    assert wait_to_rejoin(10, lambda: False, lambda: looks.append(now[0]) or now[0] >= 4, clock=lambda: now[0],
+                          sleep=sleep) is Waited.CLOSED
+    assert 4 <= now[0] < 5 and len(looks) <= 10, "the rendezvous is read twice a second, not at every poll"
 
 
 CONFIG = {"trainer": {"task": "digits", "maxSteps": 300, "batchSize": 32, "logEverySteps": 50},
           "data": {"workers": 0}, "checkpoint": {"everySteps": 0}}
 
 
-def _agent(index: int, tmp_path: Path, rendezvous: int, metrics: int, run_id: str) -> subprocess.Popen[str]:
+def _agent(index: int, tmp_path: Path, rendezvous: int, metrics: int, run_id: str, *,
+           config: dict[str, Any] = CONFIG) -> subprocess.Popen[str]:
     """Node ``index`` of a 3-node gang on this machine, launched as the operator launches a pod's agent (its
     rendezvous settings)."""
     conf = (f"is_host={'true' if index == 0 else 'false'},join_timeout=120,read_timeout=120,"
             f"keep_alive_interval={keep_alive_seconds(3)},keep_alive_max_attempt={KEEP_ALIVE_MISSES}")
-    return start_trainer(CONFIG, tmp_path / "ckpt", nproc=1, metrics_port=metrics + index, extra={
+    return start_trainer(config, tmp_path / "ckpt", nproc=1, metrics_port=metrics + index, extra={
         "PET_NNODES": "3", "PET_RDZV_ENDPOINT": f"127.0.0.1:{rendezvous}", "PET_RDZV_ID": run_id,
         "PET_RDZV_CONF": conf, "KUBETRAIN_REJOIN_TIMEOUT_SECONDS": "120"})
 
@@ -89,3 +98,35 @@ def _step(port: int) -> float:
         return max((value for _, value in scrape(port).get("trainer_step", [])), default=0.0)
     except OSError:
         return 0.0
+
+
+def test_a_node_whose_worker_dies_closes_the_rendezvous_and_the_gang_restarted_in_place_resumes(
+        tmp_path: Path) -> None:
+    """What a kubelet's restart in place relies on, with real torchrun agents: node 2's worker is SIGKILLed, its
+    agent exits 1 and closes the rendezvous; nodes 0 and 1, waiting for a replacement, see it closed and end too
+    (not after their 120 s); the three started again with the same rendezvous id (as the kubelet restarts the
+    pods' containers, node 0's store afresh) resume from the last checkpoint and finish."""
+    base = free_port_range(4)
+    rendezvous, metrics = base, base + 1
+    run_id = f"in-place-{uuid.uuid4().hex[:8]}"
+    config = CONFIG | {"checkpoint": {"everySteps": 10}}
+    agents = [_agent(i, tmp_path, rendezvous, metrics, run_id, config=config) for i in range(3)]
+    try:
+        wait_for(lambda: _step(metrics) >= 25, 120, "the gang past step 25", agents[0])
+        for worker in psutil.Process(agents[2].pid).children(recursive=True):
+            worker.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        ends = [agent.communicate(timeout=90) for agent in agents]
+        assert [a.returncode for a in agents] == [1, 1, 1], [e[1][-2000:] for e in ends]
+        assert time.monotonic() - started < 60, "the survivors did not sit out their wait for a replacement"
+        assert "closed the gang's rendezvous" in ends[0][1] + ends[1][1]
+        again = [_agent(i, tmp_path, rendezvous, metrics, run_id, config=config) for i in range(3)]
+        agents += again
+        results = [agent.communicate(timeout=240) for agent in again]
+        assert [a.returncode for a in again] == [0, 0, 0], [r[1][-2000:] for r in results]
+        events = parse_events(results[0][0])
+        (resumed,) = [e["step"] for e in events if e["event"] == "resume"]
+        assert resumed >= 20 and events[-1]["step"] == CONFIG["trainer"]["maxSteps"]
+    finally:
+        for agent in agents:
+            stop_process_group(agent)

@@ -120,3 +120,22 @@ def phase_recorder(jobs: Jobs, name: str) -> Callable[[], list[str]]:
         note(jobs.get(name))  # the phase the caller waited for
         return phases
     return finish
+
+
+# Run in a trainer container: SIGKILL the workers, torchrun's (PID 1's) children.
+_KILL_THE_WORKERS = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        continue
+    if parent == "1":
+        os.kill(int(pid), signal.SIGKILL)
+"""
+
+
+def kill_workers(lab: Lab, namespace: str, pod: str) -> None:
+    """A worker's death on the real node (its own PID namespace): the workers of ``pod`` SIGKILLed, torchrun left
+    to see it."""
+    lab.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", _KILL_THE_WORKERS)

@@ -56,7 +56,7 @@ from .distributed import DistContext, PreflightError, init_distributed, prefligh
 from .gpu import gpu_collector
 from .loop import EXIT_NONFINITE, EXIT_STOPPED, NonFiniteLossError, log_json, train
 from .metrics import MetricsServer, TrainerMetrics, serve
-from .rejoin import peer_lost, rejoin_timeout, wait_to_rejoin
+from .rejoin import RendezvousWatch, Waited, peer_lost, rejoin_timeout, wait_to_rejoin
 from .stopping import EXIT_PEER_LOST, StopFlag
 from .tasks import Task, TaskContext, build_task
 from .termination import write_termination_message
@@ -163,11 +163,16 @@ def _run(cfg: Config, run_env: RunEnv, ctx: DistContext, stop: StopFlag) -> int:
 
 def _await_replacement(timeout: float, stop: StopFlag, metrics: TrainerMetrics) -> int:
     """A peer left: alive until torchrun restarts this worker with its replacement (rejoin.py)."""
-    if wait_to_rejoin(timeout, lambda: stop.requested):
+    waited = wait_to_rejoin(timeout, lambda: stop.requested, RendezvousWatch(os.environ).closed)
+    if waited is Waited.STOPPED:
         _termination_message("Stopped", EXIT_STOPPED, metrics.step, "SIGTERM while waiting for a lost peer's "
                              "replacement (the last checkpoint stands)")
         return EXIT_STOPPED
-    message = f"a peer left the gang and no replacement joined within {timeout:.0f} s"
+    if waited is Waited.CLOSED:
+        message = ("a peer's torchrun gave up (its workers failed) and closed the gang's rendezvous: no replacement "
+                   "can join it; the gang starts again")
+    else:
+        message = f"a peer left the gang and no replacement joined within {timeout:.0f} s"
     print(f"kubetrain-trainer: {message}", file=sys.stderr)
     _termination_message("PeerLost", EXIT_PEER_LOST, metrics.step, message)
     return EXIT_PEER_LOST

@@ -69,6 +69,9 @@ POD_CHANGE = Trigger("pod", logging.getLogger("kubetrain.pods"))
 NODE_NOTICE = Trigger("node notice", logging.getLogger("kubetrain.nodes"))
 TIMER = Trigger("timer", logging.getLogger("kubetrain.scheduler"))
 CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
+# How long the first job waits for the operator's first list of the nodes (which say whether pods may restart in
+# place); an operator without the right to list nodes goes on without (no restart in place).
+NODE_LIST_WAIT_SECONDS = 10.0
 # Pods the operator created reach its index through the watch a moment later; until then a reconcile would
 # see them missing and create them again. It waits this often, for at most EXPECTATION_TIMEOUT.
 EXPECTATION_RETRY = 0.1
@@ -154,6 +157,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
         return  # our own status write after a failure: the retry waits for its backoff (a spec change does not)
     if state.nodes is not None:
         state.nodes.start(lambda node: _jobs_on_node(state, node))
+        await state.nodes.listed(NODE_LIST_WAIT_SECONDS)  # whether pods may restart in place (once; then at once)
     await state.pods.ready(namespace)  # its pods are listed: a reconcile before would create them again
     trigger = Trigger("job", logger)
     if state.queue.busy(key):
@@ -399,8 +403,9 @@ async def _create_attempt(state: OperatorState, record: JobRecord, job: Training
 async def _create_pods(state: OperatorState, record: JobRecord, job: TrainingJob, decision: Decision) -> None:
     attempt = int(decision.status["attempt"])
     avoid = excluded_names(decision.status)
+    in_place = state.nodes is not None and state.nodes.restart_in_place
     new_pods = [build_pod(job, index, attempt, default_image=state.config.trainer_image, gang=state.config.gangs,
-                          avoid=avoid) for index in decision.create]
+                          avoid=avoid, nodes_restart_in_place=in_place) for index in decision.create]
     record.expected = frozenset(p["metadata"]["name"] for p in new_pods)
     record.expected_until = time.monotonic() + EXPECTATION_TIMEOUT
     try:

@@ -144,7 +144,6 @@ class ENV:
     # lost pod has its FQDN and, in a container, often its pid, and would take the lost agent's place as if it
     # never left. Such pods other than node 0 are named after the pod and its uid (manifests._rendezvous_name).
     LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
-    POD_UID: Final = "KUBETRAIN_POD_UID"
     # kubetrain's own contract with the trainer image.
     CONFIG: Final = "KUBETRAIN_CONFIG"  # JSON: {"trainer": ..., "data": ..., "checkpoint": ...}
     JOB_NAME: Final = "KUBETRAIN_JOB_NAME"
@@ -238,6 +237,7 @@ class Reason(StrEnum):
     SUSPENDED = "SuspendedByUser"
     RESUMED = "Resumed"
     GANG_RESTART = "GangRestart"
+    IN_PLACE_RESTART = "InPlaceRestart"  # the kubelet restarted a pod's containers where it stands (same pod)
     SCALED = "Scaled"
     SCALED_DOWN = "ScaledDown"  # an elastic gang let its highest-index pods go and re-rendezvoused in place
     INVALID_POD_SPEC = "InvalidPodSpec"  # the API server refused the pods the spec makes: retrying cannot help

@@ -6,6 +6,8 @@ Failure taxonomy (decided from pod status, never guessed):
   node 0, which hosts the rendezvous), else a gang restart; neither counts against backoffLimit;
 - OOMKilled -> Failed with reason OOMKilled, unless failurePolicy.restartOnOOM;
 - any other non-zero exit -> gang restart while restarts < backoffLimit, then Failed;
+- torchrun's failure (exit 1) in a pod whose kubelet restarts its containers in place (manifests.in_place_rule)
+  -> the pod lives on, the gang re-forms at the same attempt (handle_in_place_restarts), counted the same way;
 - torchrun's RendezvousTimeoutError (the gang did not all join in rendezvousTimeoutSeconds), or the agents'
   RendezvousConnectionError while node 0 (the rendezvous host) never started -> Failed at once;
 - more than failurePolicy.disruptionLimit disruptions -> Failed, reason TooManyDisruptions (no endless evictions).
@@ -21,7 +23,7 @@ fail the job; anything else is retried with backoff and shown in condition Recon
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +40,7 @@ from kubetrain.core.status import (
     FailureKind,
     PodState,
     isoformat,
+    parse_time,
     some_names,
 )
 from kubetrain.core.status_policy import (
@@ -59,6 +62,7 @@ __all__ = [
     "failed_reconcile",
     "gang_restart",
     "handle_failed_pods",
+    "handle_in_place_restarts",
     "recovered",
     "replace_lost_pods",
     "replaceable",
@@ -74,6 +78,12 @@ PEER_LOST = "PeerLost"
 CAUSE_WAIT = timedelta(seconds=5)
 # Timestamps have one-second resolution: a node 0 that started within this of a peer's failure came too late.
 HOST_LATE_SLACK = timedelta(seconds=2)
+# One failure restarts several pods in place (the others' agents exit on the lost peer, or its lost store): pods
+# restarted in place within this many seconds of a counted one are one restart.
+IN_PLACE_ROUND = timedelta(seconds=30)
+# Uncounted restarts in place (the others that one failure took along) allowed per node, before the gang is made
+# again with new pods: each pod may end once or twice while node 0's store starts afresh.
+IN_PLACE_FOLLOWERS_PER_NODE = 3
 # Retries of a failed reconcile back off exponentially up to this many seconds.
 MAX_RETRY_DELAY = 60.0
 
@@ -93,13 +103,9 @@ def handle_failed_pods(draft: Draft, current: Sequence[PodState]) -> bool:
     timed_out = any(p.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT for p in failed)
     kind = FailureKind.RENDEZVOUS_TIMEOUT if timed_out or _host_never_came(first, current) else first.failure_kind
     message = _describe(first)
-    report = first.final_report() or {}
-    if report.get("reason") == "ConfigError":
-        # The trainer rejected its configuration: every retry would fail the same way.
-        _record_failures(draft, failed, Reason.INVALID_CONFIG, message, counted=True)
-        finish(draft, current, False, Reason.INVALID_CONFIG,
-               f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
-    elif kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
+    if _config_rejected(draft, current, failed, message):
+        return True
+    if kind is FailureKind.OOM and not draft.job.spec.failure_policy.restart_on_oom:
         _record_failures(draft, failed, Reason.OOM_KILLED, message, counted=True)
         finish(draft, current, False, Reason.OOM_KILLED,
                f"{message}: out of memory; raise spec.resources.memory or lower the batch size "
@@ -117,6 +123,19 @@ def handle_failed_pods(draft: Draft, current: Sequence[PodState]) -> bool:
     else:
         gang_restart(draft, current, Reason.POD_FAILED if kind is FailureKind.ERROR else Reason.OOM_KILLED,
                      message, counted=True, failed=failed)
+    return True
+
+
+def _config_rejected(draft: Draft, current: Sequence[PodState], failed: Sequence[PodState], message: str, *,
+                     per_pod: Mapping[str, Mapping[str, Json]] | None = None) -> bool:
+    """The first of ``failed`` is the trainer rejecting its configuration: every retry would fail the same way, so
+    the job fails; ``per_pod``: more for each pod's record (_record_failures)."""
+    report = failed[0].final_report() or {}
+    if report.get("reason") != "ConfigError":
+        return False
+    _record_failures(draft, failed, Reason.INVALID_CONFIG, message, counted=True, per_pod=per_pod)
+    finish(draft, current, False, Reason.INVALID_CONFIG,
+           f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
     return True
 
 
@@ -170,6 +189,109 @@ def _rendezvous_timeout_message(draft: Draft, current: Sequence[PodState], first
         where = "every pod started, but not all of them joined (see `kubetrain logs`)"
     return (f"the gang did not all join torchrun's rendezvous within failurePolicy.rendezvousTimeoutSeconds="
             f"{seconds}: {where}; not retried, as the same gang would wait the same way")
+
+
+# --- Pods restarted in place by their kubelet ------------------------------------------------------------------
+
+
+def handle_in_place_restarts(draft: Draft, current: Sequence[PodState]) -> bool:
+    """Account for the pods of this attempt whose containers the kubelet restarted since the last pass: record each
+    run that ended, count one restart per round (IN_PLACE_ROUND), and fail the job when it is one too many or
+    when retrying cannot help. Whether there were any."""
+    ended = sorted((_as_failed(p) for p in current if p.last_run is not None and not _run_recorded(draft, p)),
+                   key=lambda p: (p.finish_time or draft.now, p.index))
+    if not ended:
+        return False
+    first = ended[0]
+    message = _describe(first)
+    if _config_rejected(draft, current, ended, message, per_pod=_restart_counts(ended)):
+        return True
+    if first.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT:
+        _record_runs(draft, ended, Reason.RENDEZVOUS_TIMEOUT, message, counted=True, recovery=None)
+        finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
+        return True
+    if _gang_not_reforming(draft, ended):
+        gang_restart(draft, current, Reason.POD_FAILED, f"{message}; the gang did not form again in place after "
+                     f"{IN_PLACE_FOLLOWERS_PER_NODE * draft.job.spec.nodes} restarts of its pods", counted=False,
+                     failed=ended)
+        return True
+    counted = not (_in_a_counted_round(draft, first) or _a_consequence(first))
+    used_up = _restarts_used_up(draft, Reason.POD_FAILED, counted=counted)
+    _record_runs(draft, ended, Reason.POD_FAILED, message, counted=counted,
+                 recovery=None if used_up else Reason.IN_PLACE_RESTART)
+    if used_up is not None:
+        finish(draft, current, False, used_up[0], f"{message}; {used_up[1]}")
+        return True
+    _restarting_in_place(draft, [p.name for p in ended], message, counted=counted)
+    return True
+
+
+def _restarting_in_place(draft: Draft, names: Sequence[str], message: str, *, counted: bool) -> None:
+    if counted:
+        draft.status["restarts"] = int(draft.status.get("restarts", 0)) + 1
+        text = (f"{message}; the kubelet restarted the containers of pod(s) {some_names(names)} in place (same pods, "
+                f"nodes, IPs and volumes): the gang re-forms at attempt {draft.attempt}, restart "
+                f"{draft.status['restarts']}")
+    else:
+        text = f"{message}; pod(s) {some_names(names)} restarted in place within the same restart (not counted again)"
+    draft.events.append(Event("Warning", Reason.IN_PLACE_RESTART, text[:1024]))
+    progress_not_known_yet(draft)
+    draft.status.pop("runningTime", None)  # the stall clock starts again once the gang trains again
+    draft.phase(Phase.RESTARTING, text)
+    draft.condition(ConditionType.RESTARTING, True, Reason.IN_PLACE_RESTART, text)
+    draft.condition(ConditionType.RUNNING, False, Reason.IN_PLACE_RESTART, text)
+    draft.requeue(1)
+
+
+def _as_failed(pod: PodState) -> PodState:
+    """The pod as its run that ended left it: what a pod that failed for good would say."""
+    run = pod.last_run
+    assert run is not None
+    return replace(pod, phase="Failed", exit_code=run.exit_code, reason=run.reason, message=run.message,
+                   finish_time=run.finish_time)
+
+
+def _a_consequence(pod: PodState) -> bool:
+    """The run ended only because another did: its gang's rendezvous was closed by an agent that gave up (the
+    trainer's PeerLost, torchrun's RendezvousClosedError), or node 0's store went with its agent."""
+    words = pod.message or ""
+    report = pod.final_report() or {}
+    return (report.get("reason") == PEER_LOST or RENDEZVOUS_CLOSED_ERROR in words
+            or RENDEZVOUS_CONNECTION_ERROR in words)
+
+
+def _gang_not_reforming(draft: Draft, ended: Sequence[PodState]) -> bool:
+    """Uncounted restarts in place pile up since the last counted one (say a node 0 whose workers hang instead of
+    ending, so that its store never starts afresh): the gang is made again with new pods, as before."""
+    since = 0
+    for record in draft.status.get("failures", ()):
+        if record.get("attempt") == draft.attempt and record.get("recovery") == Reason.IN_PLACE_RESTART:
+            since = 0 if record.get("counted") else since + 1
+    return since + len(ended) > IN_PLACE_FOLLOWERS_PER_NODE * draft.job.spec.nodes
+
+
+def _run_recorded(draft: Draft, pod: PodState) -> bool:
+    """Whether the pod's run that ended last is in failures[] already (by pod uid and the kubelet's count)."""
+    return any(r.get("podUID") == pod.uid and int(r.get("containerRestarts", 0)) >= pod.restarts
+               for r in draft.status.get("failures", ()))
+
+
+def _in_a_counted_round(draft: Draft, pod: PodState) -> bool:
+    """Another pod of this attempt was restarted in place, and counted, less than IN_PLACE_ROUND ago: this one is
+    part of the same restart (its agent left with the lost peer, or its store). A pod's own next run is not."""
+    return any(r.get("attempt") == draft.attempt and r.get("recovery") == Reason.IN_PLACE_RESTART and r.get("counted")
+               and r.get("pod") != pod.name and (when := parse_time(r.get("time"))) is not None
+               and draft.now - when < IN_PLACE_ROUND for r in draft.status.get("failures", ()))
+
+
+def _record_runs(draft: Draft, ended: Sequence[PodState], reason: str, message: str, *, counted: bool,
+                 recovery: str | None) -> None:
+    """One record per pod restarted in place, as for a failed pod, with the kubelet's restart count."""
+    _record_failures(draft, ended, reason, message, counted=counted, recovery=recovery, per_pod=_restart_counts(ended))
+
+
+def _restart_counts(ended: Sequence[PodState]) -> dict[str, dict[str, Json]]:
+    return {p.name: {"containerRestarts": p.restarts} for p in ended}
 
 
 # --- Gang restarts and their limits -------------------------------------------------------------------------
@@ -259,8 +381,10 @@ def _replacement_never_came(draft: Draft, first: PodState, kind: FailureKind | N
 
 
 def _recorded(draft: Draft, pod: PodState) -> bool:
-    """Whether this incarnation of the pod is in failures[] already (a disruption seen by an earlier pass)."""
-    return pod.uid is not None and any(r.get("podUID") == pod.uid for r in draft.status.get("failures", ()))
+    """Whether this incarnation of the pod is in failures[] already (a disruption seen by an earlier pass); its
+    runs restarted in place are records of their own."""
+    return pod.uid is not None and any(r.get("podUID") == pod.uid and "containerRestarts" not in r
+                                       for r in draft.status.get("failures", ()))
 
 
 def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str, str] | None:
@@ -278,7 +402,8 @@ def _restarts_used_up(draft: Draft, reason: str, *, counted: bool) -> tuple[str,
 
 
 def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, message: str, *,
-                     counted: bool, recovery: str | None = None, details: Mapping[str, Json] | None = None) -> None:
+                     counted: bool, recovery: str | None = None, details: Mapping[str, Json] | None = None,
+                     per_pod: Mapping[str, Mapping[str, Json]] | None = None) -> None:
     """Append the post-mortem: one record per failed pod, or one for the attempt (stall, lost pod), with the
     recovery it led to (a gang restart, or the pod replaced alone; none when the job ends)."""
     base: dict[str, Json] = {"attempt": draft.attempt, "reason": reason, "counted": counted,
@@ -300,7 +425,7 @@ def _record_failures(draft: Draft, failed: Sequence[PodState], reason: str, mess
             record["logTail"] = pod.message[-api.LOG_TAIL_CHARS:]
         if fault := node_fault(pod):
             record["nodeFault"] = fault
-        records.append(record)
+        records.append(record | dict((per_pod or {}).get(pod.name, {})))
     draft.status["failures"] = records[-api.MAX_FAILURES_KEPT:]
     exclude_failing_nodes(draft, records[earlier:])
 

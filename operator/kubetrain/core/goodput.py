@@ -9,7 +9,7 @@ stored status says (the state in which it spent them), and moves ``accountedAt``
 - ``starting``: Starting, and Running until rank 0 of the attempt has been read (a read that keeps failing, as for
   a program that serves no metrics, counts as read: its time is training that cannot be seen);
 - ``restarting``: a gang restart, from the failure until the next attempt's rank 0 is read (Restarting, then that
-  attempt's Pending, Starting and unread Running);
+  attempt's Pending, Starting and unread Running); a restart in place likewise, at the same attempt;
 - ``training``: Running, rank 0 read.
 
 A restart also looks back: the time since the last heartbeat of a stall moves from training to ``stalled``, and the
@@ -70,7 +70,7 @@ def account(before: Mapping[str, Json], after: Mapping[str, Json], *, now: datet
     goodput[f"{bucket}Seconds"] += elapsed
     if bucket == "training":
         goodput[_THIS_ATTEMPT] += elapsed
-    if int(after.get("attempt", 0)) != int(before.get("attempt", 0)) or after.get("phase") == Phase.FAILED:
+    if _restarted(before, after) or after.get("phase") == Phase.FAILED:
         _look_back(goodput, before, after, moment)
     goodput["accountedAt"] = isoformat(max(since, moment))
     return _with_share(goodput)
@@ -122,16 +122,28 @@ def _progress_read(status: Mapping[str, Json]) -> bool:
 
 def _after_a_restart(status: Mapping[str, Json]) -> bool:
     """Whether a gang restart began the current attempt (its post-mortem is the last one, of the attempt before;
-    a resumed or re-admitted attempt follows no post-mortem)."""
+    a resumed or re-admitted attempt follows no post-mortem), or the kubelet restarted its pods in place since."""
     failures = status.get("failures") or []
+    last = failures[-1] if failures and isinstance(failures[-1], Mapping) else {}
     attempt = int(status.get("attempt", 0))
-    return bool(failures) and isinstance(failures[-1], Mapping) and failures[-1].get("attempt") == attempt - 1
+    return last.get("attempt") == attempt - 1 or _in_place(last)
+
+
+def _restarted(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
+    """Whether this reconcile began a new attempt, or found pods of this one restarted in place."""
+    if int(after.get("attempt", 0)) != int(before.get("attempt", 0)):
+        return True
+    return any(_in_place(f) for f in after.get("failures") or [] if f not in (before.get("failures") or []))
+
+
+def _in_place(record: Json) -> bool:
+    return isinstance(record, Mapping) and record.get("recovery") == Reason.IN_PLACE_RESTART
 
 
 def _look_back(goodput: dict[str, Json], before: Mapping[str, Json], after: Mapping[str, Json],
                moment: datetime) -> None:
-    """A new attempt, or the end: this attempt's training since a stall began was stalled, and, at a gang restart,
-    the training since the last checkpoint is lost (computed again by the next attempt)."""
+    """A new attempt, a restart in place, or the end: this attempt's training since a stall began was stalled, and,
+    at a restart, the training since the last checkpoint is lost (computed again after it)."""
     new = [f for f in after.get("failures") or [] if f not in (before.get("failures") or [])]
     trained = goodput[_THIS_ATTEMPT]
     goodput[_THIS_ATTEMPT] = 0

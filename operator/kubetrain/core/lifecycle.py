@@ -4,7 +4,8 @@ Level-based: every call recomputes what should happen from what exists, so the o
 and restart at any point. The status written back is the only memory (attempt, restarts, failures).
 
 The lifecycle: Pending (pods created, not all placed) -> Starting -> Running -> Succeeded once every pod exited
-0. A gang restart (failures.gang_restart) goes through Restarting to the next attempt; activeDeadlineSeconds, or
+0. A gang restart (failures.gang_restart) goes through Restarting to the next attempt, a restart in place by the
+kubelet (failures.handle_in_place_restarts) through Restarting at the same attempt; activeDeadlineSeconds, or
 a failure that retrying cannot help (failures.py), ends the job Failed; suspend deletes the pods and keeps the
 checkpoints, and resuming starts a new attempt. Besides failed pods:
 - no heartbeat for stallTimeoutSeconds while Running, as seen by a scrape of rank 0 -> condition Stalled and
@@ -23,7 +24,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kubetrain.core.api import ConditionType, Phase, Reason
-from kubetrain.core.failures import gang_restart, handle_failed_pods, replace_lost_pods, replaceable
+from kubetrain.core.failures import (
+    gang_restart,
+    handle_failed_pods,
+    handle_in_place_restarts,
+    replace_lost_pods,
+    replaceable,
+)
 from kubetrain.core.goodput import record_goodput
 from kubetrain.core.hangs import Hang
 from kubetrain.core.naming import job_selector, pod_name
@@ -162,7 +169,9 @@ def _run(draft: Draft, pods: Sequence[PodState], foreign: Sequence[PodState]) ->
 
     if spec.elastic is not None:
         current = _shrink_in_place(draft, current)
-    if handle_failed_pods(draft, current) or _handle_success(draft, current):
+    if handle_failed_pods(draft, current) or handle_in_place_restarts(draft, current):
+        return
+    if _handle_success(draft, current):
         return
     if _handle_lost_or_extra(draft, current) or _handle_stall(draft, current):
         return

@@ -29,6 +29,7 @@ __all__ = [
     "build_pods",
     "build_service",
     "container_image",
+    "in_place_rule",
     "owner_reference",
 ]
 
@@ -36,6 +37,8 @@ Json = Any
 
 # A non-root identity for images that do not declare one; the trainer image uses it too.
 RUN_AS_USER = 1000
+# torchrun's exit code once its workers failed (and its own --max-restarts are spent).
+TORCHRUN_FAILED = 1
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Json]:
@@ -96,17 +99,34 @@ def build_pod_group(job: TrainingJob, attempt: int) -> dict[str, Json]:
     }
 
 
-def _rendezvous_name(job: TrainingJob, index: int) -> list[dict[str, Json]]:
-    """A name for this pod's agent in the rendezvous that its replacement does not share (api.ENV.LOCAL_ADDR).
+def _launcher(job: TrainingJob, index: int) -> dict[str, Json]:
+    """The container's command: torchrun, with a name for this agent in the rendezvous (api.ENV.LOCAL_ADDR) that
+    no other run of it shares: a replacement pod's (failures.replace_lost_pods), or this pod's after the kubelet
+    restarted it in place, joins as a new member; torch would take one of the same name for the member it already
+    has and skip the rendezvous. The shell's read draws a fresh suffix in every run, then hands over to torchrun.
 
-    Not for node 0: it is never replaced, and its name is the address the workers meet at (torch's default, its
-    FQDN). The others' names start like their FQDN, so that torch, which ranks the agents by name, still makes
-    node 0 global rank 0 (progress.py reads it there).
+    Not for node 0: its agent hosts the store, which a new run starts empty, and its name is the address the workers
+    meet at (torch's default, its FQDN). The others' names start like their FQDN, so that torch, which ranks the
+    agents by name, still makes node 0 global rank 0 (progress.py reads it there).
     """
     if index == RENDEZVOUS_HOST_INDEX:
-        return []
-    return [{"name": api.ENV.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-            {"name": api.ENV.LOCAL_ADDR, "value": f"{pod_name(job.name, index)}.$({api.ENV.POD_UID})"}]
+        return {"command": ["torchrun"], "args": program_args(job)}
+    script = (f'read -r run < /proc/sys/kernel/random/uuid && {api.ENV.LOCAL_ADDR}="${api.ENV.POD_NAME}.${{run%%-*}}" '
+              'exec torchrun "$@"')
+    return {"command": ["sh", "-c", script, "torchrun"], "args": program_args(job)}
+
+
+def in_place_rule(job: TrainingJob) -> dict[str, Json]:
+    """The container fields that have the kubelet restart the pod's containers in place when torchrun fails (it
+    exits TORCHRUN_FAILED once its workers failed and its own --max-restarts are spent): the pod keeps its node, IP,
+    volumes and devices (failures.handle_in_place_restarts accounts for it). The scheduler places such a pod only on a
+    node whose kubelet declares the feature (nodes.IN_PLACE_FEATURE): the operator leaves the rule out unless every
+    node does, and the gang then restarts with new pods as before."""
+    if not job.spec.failure_policy.restart_in_place:
+        return {}
+    return {"restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "RestartAllContainers",
+                                    "exitCodes": {"operator": "In", "values": [TORCHRUN_FAILED]}}]}
 
 
 def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
@@ -121,7 +141,6 @@ def _env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Json]]:
     wait = lost_pod_wait_seconds(job)
     if wait is not None:  # a pod, unlike `kubetrain run`'s processes, is replaced when lost
         env.append({"name": api.ENV.REJOIN_TIMEOUT, "value": str(wait)})
-        env += _rendezvous_name(job, index)
     env += [
         {"name": api.ENV.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": api.ENV.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -199,10 +218,11 @@ def container_image(job: TrainingJob, default_image: str) -> str:
 
 
 def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str = api.DEFAULT_TRAINER_IMAGE,
-              gang: bool = False, avoid: Sequence[str] = ()) -> dict[str, Json]:
+              gang: bool = False, avoid: Sequence[str] = (), nodes_restart_in_place: bool = True) -> dict[str, Json]:
     """The pod for node ``index`` of attempt ``attempt``; ``default_image`` serves jobs without spec.image;
     with ``gang`` the pod belongs to its attempt's PodGroup (build_pod_group); it is not placed on the nodes
-    named in ``avoid`` (the job's status.excludedNodes)."""
+    named in ``avoid`` (the job's status.excludedNodes); ``nodes_restart_in_place``: every node's kubelet declares
+    the in-place restart (in_place_rule)."""
     spec = job.spec
     name = pod_name(job.name, index)
     own = job_labels(job) | {api.LABEL.NODE_INDEX: str(index), api.LABEL.ATTEMPT: str(attempt)}
@@ -227,8 +247,7 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
         "containers": [{
             "name": api.CONTAINER_NAME,
             "image": container_image(job, default_image),
-            "command": ["torchrun"],
-            "args": program_args(job),
+            **_launcher(job, index),
             "env": _env(job, index, attempt),
             "ports": _ports(job),
             "resources": _resources(job),
@@ -236,6 +255,7 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
             # A worker that dies without last words (segfault, SIGKILL, a user program's traceback) leaves
             # the tail of its log as the message, which the failure record keeps after the pod is gone.
             "terminationMessagePolicy": "FallbackToLogsOnError",
+            **(in_place_rule(job) if nodes_restart_in_place else {}),
             "securityContext": {
                 "allowPrivilegeEscalation": False,
                 "capabilities": {"drop": ["ALL"]},

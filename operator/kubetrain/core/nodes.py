@@ -24,11 +24,13 @@ from kubetrain.core.status_policy import Draft, Event
 
 __all__ = [
     "CLEAR_ANNOTATION",
+    "IN_PLACE_FEATURE",
     "MAX_EXCLUDED_NODES",
     "exclude_failing_nodes",
     "excluded_names",
     "excluded_note",
     "forget_cleared",
+    "lacks_in_place_restarts",
     "needs_ready_nodes",
     "node_fault",
     "ready_node_names",
@@ -174,3 +176,16 @@ def ready_node_names(nodes: Iterable[Mapping[str, Json]]) -> frozenset[str]:
         and any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in (node.get("status") or {}).get("conditions") or [])
     )
+
+
+# What a kubelet that restarts a pod's containers in place declares (status.declaredFeatures, KEP-5328). The
+# scheduler places a pod with a RestartAllContainers rule only on a node that declares it.
+IN_PLACE_FEATURE = "RestartAllContainersOnContainerExits"
+
+
+def lacks_in_place_restarts(node: Mapping[str, Json]) -> bool:
+    """A node that takes new pods (not cordoned) and whose kubelet does not declare IN_PLACE_FEATURE: a pod with the
+    rule could not be placed there (manifests.in_place_rule is then left out)."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    return IN_PLACE_FEATURE not in ((node.get("status") or {}).get("declaredFeatures") or [])

@@ -92,6 +92,7 @@ class FailurePolicy:
     rendezvous_timeout_seconds: int
     disruption_limit: int
     exclude_node_after: int  # failures pointing at one node, in distinct attempts, before the job avoids it
+    restart_in_place: bool  # torchrun's failure has the kubelet restart the pod's containers where it stands
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,7 @@ def _failure_policy(failure: Mapping[str, Json]) -> FailurePolicy:
         rendezvous_timeout_seconds=int(failure["rendezvousTimeoutSeconds"]),
         disruption_limit=int(failure["disruptionLimit"]),
         exclude_node_after=int(failure["excludeNodeAfter"]),
+        restart_in_place=bool(failure["restartInPlace"]),
     )
 
 

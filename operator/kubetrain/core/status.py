@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointAnswer",
     "CheckpointAsk",
     "FailureKind",
+    "LastRun",
     "NodeCounts",
     "PodState",
     "Progress",
@@ -70,6 +71,8 @@ TAINT_EVICTION_REASON = "DeletionByTaintManager"
 # What torchrun's agent raises when the gang does not all join within its join_timeout; the kubelet keeps the
 # traceback's tail as the termination message (FallbackToLogsOnError).
 RENDEZVOUS_TIMEOUT_ERROR = "RendezvousTimeoutError"
+# The reason of the last state of a container that the kubelet restarted in place (not the run's own end).
+KUBELET_RESTART_REASON = "RestartingAllContainers"
 # What the other agents raise when one agent closed the rendezvous on its way out (a consequence, not a cause).
 RENDEZVOUS_CLOSED_ERROR = "RendezvousClosedError"
 # What the other agents raise when node 0, which hosts the rendezvous store, is not there within read_timeout.
@@ -81,6 +84,17 @@ _DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown"
                                  "DeletionByTaintManager", "TerminationByKubelet"})
 # PodScheduled=False reasons of a pod the scheduler tried and failed to place.
 _UNPLACED = frozenset({"Unschedulable", "SchedulerError"})
+
+
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    """How the run before the container's current one ended: the kubelet restarted the pod's containers in
+    place (manifests.in_place_rule), and the pod lives on with its name, uid, IP and volumes."""
+
+    exit_code: int | None
+    reason: str | None
+    message: str | None
+    finish_time: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +124,8 @@ class PodState:
     # Why the scheduler does not place it (its PodScheduled=False message; for a gang, the whole group's reason).
     unschedulable: str | None = None
     uid: str | None = None  # this incarnation of the pod (a replacement has the same name, another uid)
+    restarts: int = 0  # its container's runs restarted in place by the kubelet (restartCount)
+    last_run: LastRun | None = None  # how the last of those runs ended
 
     @property
     def finished(self) -> bool:
@@ -174,10 +190,9 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
     metadata = pod.get("metadata", {})
     labels = metadata.get("labels") or {}
     status = pod.get("status") or {}
-    terminated: Mapping[str, Json] = {}
-    for container in status.get("containerStatuses") or []:
-        if container.get("name") == api.CONTAINER_NAME:
-            terminated = (container.get("state") or {}).get("terminated") or {}
+    containers = status.get("containerStatuses") or []
+    container: Mapping[str, Json] = next((c for c in containers if c.get("name") == api.CONTAINER_NAME), {})
+    terminated: Mapping[str, Json] = (container.get("state") or {}).get("terminated") or {}
     pod_reason = status.get("reason")
     disruption = _condition(pod, "DisruptionTarget")
     placing = _condition(pod, "PodScheduled") or {}
@@ -203,7 +218,30 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         has_owner=bool(metadata.get("ownerReferences")),
         unschedulable=placing.get("message") or placing.get("reason") if placing.get("reason") in _UNPLACED else None,
         uid=metadata.get("uid"),
+        **_restarted_in_place(pod, container, terminated),
     )
+
+
+def _restarted_in_place(pod: Mapping[str, Json], container: Mapping[str, Json],
+                        terminated: Mapping[str, Json]) -> dict[str, Json]:
+    """PodState's restarts and last_run. While the kubelet restarts the pod's containers (its condition
+    AllContainersRestarting), the container's state is the run that just ended, which is about to count; after,
+    lastState only says that the kubelet removed the container (KUBELET_RESTART_REASON), and the run's own end is
+    known only to a pass that saw it on the way."""
+    restarts = int(container.get("restartCount") or 0)
+    if _is_true(_condition(pod, "AllContainersRestarting")) and terminated:
+        return {"restarts": restarts + 1, "last_run": _run(terminated)}
+    ended = (container.get("lastState") or {}).get("terminated") or {}
+    if not restarts or not ended:
+        return {"restarts": restarts, "last_run": None}
+    if ended.get("reason") == KUBELET_RESTART_REASON:
+        return {"restarts": restarts, "last_run": LastRun(None, None, None, None)}
+    return {"restarts": restarts, "last_run": _run(ended)}
+
+
+def _run(ended: Mapping[str, Json]) -> LastRun:
+    return LastRun(exit_code=ended.get("exitCode"), reason=ended.get("reason"), message=ended.get("message"),
+                   finish_time=parse_time(ended.get("finishedAt")))
 
 
 @dataclass(frozen=True)

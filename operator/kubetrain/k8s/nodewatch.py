@@ -1,5 +1,6 @@
-"""The nodes that announce a disruption (cordoned, or tainted NoExecute: core/notices.py), from a watch of every
-node: list, watch from the list's resourceVersion (with bookmarks), list again after a 410.
+"""The nodes that announce a disruption (cordoned, or tainted NoExecute: core/notices.py), and those whose kubelet
+cannot restart a pod's containers in place (core/nodes.py), from a watch of every node: list, watch from the list's
+resourceVersion (with bookmarks), list again after a 410.
 
 Only each node's notice is kept (most nodes have none), and only a change of it is told: a node's status
 heartbeats cost a parse, never a reconcile. Without the right to list and watch nodes the watch retries with
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kubetrain.core.nodes import lacks_in_place_restarts
 from kubetrain.core.notices import node_notice
 from kubetrain.k8s.follow import follow
 from kubetrain.k8s.kube import Kube
@@ -33,6 +35,18 @@ class NodeWatch:
         self._changed: Callable[[str], None] = lambda node: None
         self.version: str | None = None  # where the watch goes on from (k8s/follow.py)
         self._task: asyncio.Task[None] | None = None
+        self._without_in_place: set[str] = set()
+        self._listed = asyncio.Event()
+
+    @property
+    def restart_in_place(self) -> bool:
+        """Every node (that takes pods) restarts containers in place; False until the nodes were listed."""
+        return self._listed.is_set() and not self._without_in_place
+
+    async def listed(self, timeout: float) -> None:
+        """Return once the nodes were listed, or after ``timeout`` seconds (without the right to list them)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listed.wait(), timeout)
 
     @property
     def notices(self) -> Mapping[str, str]:
@@ -59,13 +73,21 @@ class NodeWatch:
         fresh = {node["metadata"]["name"]: notice for node in nodes if (notice := node_notice(node))}
         for name in set(fresh) | set(self._notices):
             self._set(name, fresh.get(name))  # told only where a notice came, went or changed
+        self._without_in_place = {node["metadata"]["name"] for node in nodes if lacks_in_place_restarts(node)}
+        self._listed.set()
 
     def _apply(self, event: Json) -> None:
         node = event["object"]
         self.version = node["metadata"]["resourceVersion"]
         kind = event.get("type")
-        if kind != "BOOKMARK":
-            self._set(node["metadata"]["name"], None if kind == "DELETED" else node_notice(node))
+        if kind == "BOOKMARK":
+            return
+        name = node["metadata"]["name"]
+        self._set(name, None if kind == "DELETED" else node_notice(node))
+        if kind != "DELETED" and lacks_in_place_restarts(node):
+            self._without_in_place.add(name)
+        else:
+            self._without_in_place.discard(name)
 
     def _set(self, name: str, notice: str | None) -> None:
         if self._notices.get(name) == notice:
