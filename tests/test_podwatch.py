@@ -207,3 +207,27 @@ def test_one_watch_of_every_namespace_is_never_released() -> None:
         return running
 
     assert asyncio.run(main())
+
+
+def test_how_a_run_restarted_in_place_ended_is_kept_after_the_kubelet_shows_only_its_restart() -> None:
+    """The real kubelet shows a run's end only while it restarts the pod in place (condition AllContainersRestarting);
+    a reconcile that comes after that second still reads it."""
+    restarting = pod(1, uid="u-1", exit_code=1, message="ValueError: bad batch")
+    restarting["status"]["conditions"].append({"type": "AllContainersRestarting", "status": "True"})
+    restarted = pod(1, uid="u-1", restarted=(1, 137, "2026-11-01T10:09:58Z"))
+    restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"] = "RestartingAllContainers"
+    kept_runs: list[Any] = []
+
+    async def main() -> None:
+        kube = FakeKube([([in_namespace(pod(1, uid="u-1"))], "10")],
+                        [[event("MODIFIED", restarting, "11"), event("MODIFIED", restarted, "12")]])
+        watch = PodWatch(kube, all_namespaces=False)  # type: ignore[arg-type]
+        await asyncio.wait_for(watch.ready("ml"), 5)
+        await asyncio.wait_for(kube.exhausted.wait(), 5)
+        kept_runs.extend((p.restarts, p.last_run) for pods in dict(watch.items()).values() for p in pods)
+        await watch.close()
+
+    asyncio.run(main())
+    ((restarts, run),) = kept_runs
+    assert restarts == 1 and run is not None
+    assert (run.exit_code, run.message) == (1, "ValueError: bad batch")

