@@ -36,17 +36,6 @@ IN_PLACE = FigureSpec(
                     "scheduled, given an IP or mounted again; only the processes start again"))
 
 
-def _cluster(ctx: Context) -> Cluster:
-    found = ctx.cache.get("real-cluster")
-    if found is None:
-        found = Cluster(ctx, real_node=True)
-        ctx.cache["real-cluster"] = found
-        ctx.on_close(found.stop)
-        found.start()
-    assert isinstance(found, Cluster)
-    return found
-
-
 def _create(lab: Any, namespace: str, name: str, *, in_place: bool) -> None:
     claim = yaml.safe_load(CLAIM.read_text())
     claim["metadata"]["name"] = f"{name}-checkpoints"
@@ -90,18 +79,19 @@ def _recovery_seconds(ctx: Context, cluster: Cluster, namespace: str, name: str,
 
 
 def in_place_bench(ctx: Context) -> list[Figure]:
-    cluster = _cluster(ctx)
-    namespace = cluster.namespace("inplace")
+    cluster = Cluster(ctx, real_node=True)  # a lab of its own, as bench/gang.py's
     rounds = 1 if ctx.quick else 3
     in_place_s: list[float] = []
     new_pods_s: list[float] = []
     try:
+        cluster.start()
+        namespace = cluster.namespace("inplace")
         for number in range(rounds):
             in_place_s.append(_recovery_seconds(ctx, cluster, namespace, f"inplace-{number}", in_place=True))
             new_pods_s.append(_recovery_seconds(ctx, cluster, namespace, f"newpods-{number}", in_place=False))
             ctx.log(f"in-place round {number}: in place {in_place_s[-1]:.1f} s, new pods {new_pods_s[-1]:.1f} s")
     finally:
-        cluster.delete_namespace(namespace)
+        cluster.stop()
     return [IN_PLACE.measured(
         median(in_place_s) / median(new_pods_s),
         f"a worker's death to rank 0 training again: in place p50 {median(in_place_s):.1f} s / with new pods p50 "

@@ -114,8 +114,7 @@ def handle_failed_pods(draft: Draft, current: Sequence[PodState]) -> bool:
         gang_restart(draft, current, Reason.REPLACEMENT_TIMEOUT,
                      f"{message}: the replacement of a lost pod did not join in time", counted=False, failed=failed)
     elif kind is FailureKind.RENDEZVOUS_TIMEOUT:
-        _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True)
-        finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
+        _rendezvous_timed_out(draft, current, failed, message)
     elif kind is FailureKind.DISRUPTION and all(p.disrupted for p in failed) and replaceable(draft, failed):
         replace_lost_pods(draft, current, failed, message)
     elif kind is FailureKind.DISRUPTION:
@@ -137,6 +136,13 @@ def _config_rejected(draft: Draft, current: Sequence[PodState], failed: Sequence
     finish(draft, current, False, Reason.INVALID_CONFIG,
            f"{message}: the trainer rejected its configuration: {report.get('message', '')}")
     return True
+
+
+def _rendezvous_timed_out(draft: Draft, current: Sequence[PodState], failed: Sequence[PodState], message: str, *,
+                          per_pod: Mapping[str, Mapping[str, Json]] | None = None) -> None:
+    """The gang did not form: the job fails, not retried (the same gang would wait the same way)."""
+    _record_failures(draft, failed, Reason.RENDEZVOUS_TIMEOUT, message, counted=True, per_pod=per_pod)
+    finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, failed[0]))
 
 
 def _describe(pod: PodState) -> str:
@@ -209,8 +215,7 @@ def handle_in_place_restarts(draft: Draft, current: Sequence[PodState]) -> bool:
     if _config_rejected(draft, current, ended, message, per_pod=_restart_counts(ended)):
         return True
     if first.failure_kind is FailureKind.RENDEZVOUS_TIMEOUT:
-        _record_runs(draft, ended, Reason.RENDEZVOUS_TIMEOUT, message, counted=True, recovery=None)
-        finish(draft, current, False, Reason.RENDEZVOUS_TIMEOUT, _rendezvous_timeout_message(draft, current, first))
+        _rendezvous_timed_out(draft, current, ended, message, per_pod=_restart_counts(ended))
         return True
     if _gang_not_reforming(draft, ended):
         gang_restart(draft, current, Reason.POD_FAILED, f"{message}; the gang did not form again in place after "
@@ -219,8 +224,8 @@ def handle_in_place_restarts(draft: Draft, current: Sequence[PodState]) -> bool:
         return True
     counted = not (_in_a_counted_round(draft, first) or _a_consequence(first))
     used_up = _restarts_used_up(draft, Reason.POD_FAILED, counted=counted)
-    _record_runs(draft, ended, Reason.POD_FAILED, message, counted=counted,
-                 recovery=None if used_up else Reason.IN_PLACE_RESTART)
+    _record_failures(draft, ended, Reason.POD_FAILED, message, counted=counted,
+                     recovery=None if used_up else Reason.IN_PLACE_RESTART, per_pod=_restart_counts(ended))
     if used_up is not None:
         finish(draft, current, False, used_up[0], f"{message}; {used_up[1]}")
         return True
@@ -286,13 +291,8 @@ def _in_a_counted_round(draft: Draft, pod: PodState) -> bool:
                and draft.now - when < IN_PLACE_ROUND for r in draft.status.get("failures", ()))
 
 
-def _record_runs(draft: Draft, ended: Sequence[PodState], reason: str, message: str, *, counted: bool,
-                 recovery: str | None) -> None:
-    """One record per pod restarted in place, as for a failed pod, with the kubelet's restart count."""
-    _record_failures(draft, ended, reason, message, counted=counted, recovery=recovery, per_pod=_restart_counts(ended))
-
-
 def _restart_counts(ended: Sequence[PodState]) -> dict[str, dict[str, Json]]:
+    """Each restarted pod's record names the run by the kubelet's restart count (_run_recorded reads it)."""
     return {p.name: {"containerRestarts": p.restarts} for p in ended}
 
 

@@ -133,7 +133,12 @@ def _restarted(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
     """Whether this reconcile began a new attempt, or found pods of this one restarted in place."""
     if int(after.get("attempt", 0)) != int(before.get("attempt", 0)):
         return True
-    return any(_in_place(f) for f in after.get("failures") or [] if f not in (before.get("failures") or []))
+    return any(_in_place(f) for f in _new_records(before, after))
+
+
+def _new_records(before: Mapping[str, Json], after: Mapping[str, Json]) -> list[Json]:
+    """The failure records this reconcile added."""
+    return [f for f in after.get("failures") or [] if f not in (before.get("failures") or [])]
 
 
 def _in_place(record: Json) -> bool:
@@ -144,7 +149,7 @@ def _look_back(goodput: dict[str, Json], before: Mapping[str, Json], after: Mapp
                moment: datetime) -> None:
     """A new attempt, a restart in place, or the end: this attempt's training since a stall began was stalled, and,
     at a restart, the training since the last checkpoint is lost (computed again after it)."""
-    new = [f for f in after.get("failures") or [] if f not in (before.get("failures") or [])]
+    new = _new_records(before, after)
     trained = goodput[_THIS_ATTEMPT]
     goodput[_THIS_ATTEMPT] = 0
     if any(isinstance(f, Mapping) and f.get("reason") == Reason.STALLED for f in new):

@@ -116,13 +116,13 @@ def _launcher(job: TrainingJob, index: int) -> dict[str, Json]:
     return {"command": ["sh", "-c", script, "torchrun"], "args": program_args(job)}
 
 
-def in_place_rule(job: TrainingJob) -> dict[str, Json]:
+def in_place_rule(job: TrainingJob, nodes_restart_in_place: bool) -> dict[str, Json]:
     """The container fields that have the kubelet restart the pod's containers in place when torchrun fails (it
     exits TORCHRUN_FAILED once its workers failed and its own --max-restarts are spent): the pod keeps its node, IP,
     volumes and devices (failures.handle_in_place_restarts accounts for it). The scheduler places such a pod only on a
     node whose kubelet declares the feature (nodes.IN_PLACE_FEATURE): the operator leaves the rule out unless every
     node does, and the gang then restarts with new pods as before."""
-    if not job.spec.failure_policy.restart_in_place:
+    if not (job.spec.failure_policy.restart_in_place and nodes_restart_in_place):
         return {}
     return {"restartPolicy": "Never",
             "restartPolicyRules": [{"action": "RestartAllContainers",
@@ -255,7 +255,7 @@ def build_pod(job: TrainingJob, index: int, attempt: int, *, default_image: str 
             # A worker that dies without last words (segfault, SIGKILL, a user program's traceback) leaves
             # the tail of its log as the message, which the failure record keeps after the pod is gone.
             "terminationMessagePolicy": "FallbackToLogsOnError",
-            **(in_place_rule(job) if nodes_restart_in_place else {}),
+            **in_place_rule(job, nodes_restart_in_place),
             "securityContext": {
                 "allowPrivilegeEscalation": False,
                 "capabilities": {"drop": ["ALL"]},

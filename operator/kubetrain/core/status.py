@@ -195,6 +195,7 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
     container: Mapping[str, Json] = next((c for c in containers if c.get("name") == api.CONTAINER_NAME), {})
     terminated: Mapping[str, Json] = (container.get("state") or {}).get("terminated") or {}
     pod_reason = status.get("reason")
+    restarts, last_run = _restarted_in_place(pod, container, terminated)
     disruption = _condition(pod, "DisruptionTarget")
     placing = _condition(pod, "PodScheduled") or {}
     return PodState(
@@ -219,25 +220,26 @@ def pod_state(pod: Mapping[str, Json]) -> PodState:
         has_owner=bool(metadata.get("ownerReferences")),
         unschedulable=placing.get("message") or placing.get("reason") if placing.get("reason") in _UNPLACED else None,
         uid=metadata.get("uid"),
-        **_restarted_in_place(pod, container, terminated),
+        restarts=restarts,
+        last_run=last_run,
     )
 
 
 def _restarted_in_place(pod: Mapping[str, Json], container: Mapping[str, Json],
-                        terminated: Mapping[str, Json]) -> dict[str, Json]:
+                        terminated: Mapping[str, Json]) -> tuple[int, LastRun | None]:
     """PodState's restarts and last_run. While the kubelet restarts the pod's containers (its condition
     AllContainersRestarting), the container's state is the run that just ended, which is about to count; after,
     lastState only says that the kubelet removed the container (KUBELET_RESTART_REASON), and the run's own end is
-    known only to a pass that saw it on the way."""
+    known only to a pass that saw it on the way (with_last_run_kept)."""
     restarts = int(container.get("restartCount") or 0)
     if _is_true(_condition(pod, "AllContainersRestarting")) and terminated:
-        return {"restarts": restarts + 1, "last_run": _run(terminated)}
+        return restarts + 1, _run(terminated)
     ended = (container.get("lastState") or {}).get("terminated") or {}
     if not restarts or not ended:
-        return {"restarts": restarts, "last_run": None}
+        return restarts, None
     if ended.get("reason") == KUBELET_RESTART_REASON:
-        return {"restarts": restarts, "last_run": LastRun(None, None, None, None)}
-    return {"restarts": restarts, "last_run": _run(ended)}
+        return restarts, LastRun(None, None, None, None)
+    return restarts, _run(ended)
 
 
 def with_last_run_kept(before: PodState | None, now: PodState) -> PodState:

@@ -37,6 +37,7 @@ class NodeWatch:
         self._task: asyncio.Task[None] | None = None
         self._without_in_place: set[str] = set()
         self._listed = asyncio.Event()
+        self._waited = False  # the first job waited for the first list (listed): the others go on at once
 
     @property
     def restart_in_place(self) -> bool:
@@ -44,9 +45,13 @@ class NodeWatch:
         return self._listed.is_set() and not self._without_in_place
 
     async def listed(self, timeout: float) -> None:
-        """Return once the nodes were listed, or after ``timeout`` seconds (without the right to list them)."""
+        """Return once the nodes were listed, or after ``timeout`` seconds (without the right to list them); at once
+        after the first such wait ended."""
+        if self._waited:
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._listed.wait(), timeout)
+        self._waited = True
 
     @property
     def notices(self) -> Mapping[str, str]:
