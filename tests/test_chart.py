@@ -47,6 +47,7 @@ STANDARD_LABELS = (
     "app.kubernetes.io/managed-by",
 )
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+CLUSTER_SCOPED_KINDS = ("ClusterRole", "ClusterRoleBinding", "FlowSchema", "PriorityLevelConfiguration")
 
 
 def rule_set(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -163,7 +164,7 @@ def test_every_object_renders_with_standard_labels_and_valid_names(values: Path)
         for label in STANDARD_LABELS:
             assert meta["labels"].get(label), f"{where} lacks label {label}"
         assert meta["labels"]["app.kubernetes.io/instance"] == RELEASE
-        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if doc["kind"] not in CLUSTER_SCOPED_KINDS:
             assert meta.get("namespace"), f"{where} has no namespace"
 
 
@@ -185,6 +186,8 @@ def test_defaults_create_no_monitoring_objects() -> None:
         "ClusterRoleBinding",
         "Service",
         "Deployment",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
     }
 
 
@@ -278,6 +281,7 @@ def test_cluster_wide_mode_watches_all_namespaces() -> None:
         "--log-format=plain",
         f"--trainer-image={DEFAULT_TRAINER_IMAGE}",
         "--gang-scheduling=auto",
+        "--api-connections=16",
     ]
 
 
@@ -375,6 +379,33 @@ def test_no_role_can_read_secrets_or_use_wildcards(values: Path) -> None:
 def test_rbac_can_be_left_to_the_cluster_admin() -> None:
     kinds = {doc["kind"] for doc in render(sets=("rbac.create=false",))}
     assert kinds.isdisjoint({"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
+
+
+# --- API Priority and Fairness ---------------------------------------------------------------------------
+@pytest.mark.parametrize("sets", [(), ("serviceAccount.create=false", "serviceAccount.name=platform-operator")],
+                         ids=["chart-account", "own-account"])
+def test_flow_schema_puts_the_operators_account_in_a_level_of_its_own(sets: tuple[str, ...]) -> None:
+    docs = render(sets=sets)
+    schema, level = one(docs, "FlowSchema"), one(docs, "PriorityLevelConfiguration")
+    account = operator_container_account(docs)
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": NAMESPACE}}]
+    assert rule["resourceRules"][0]["namespaces"] == ["*"] and rule["resourceRules"][0]["clusterScope"] is True
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
+    # before the default service-accounts schema (9000), which the operator's requests would otherwise match
+    assert schema["spec"]["matchingPrecedence"] < 9000
+    limited = level["spec"]["limited"]
+    assert limited["limitResponse"]["type"] == "Queue" and limited["nominalConcurrencyShares"] == 30
+
+
+def operator_container_account(docs: list[dict[str, Any]]) -> str:
+    name: str = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    return name
+
+
+def test_priority_and_fairness_objects_can_be_left_out() -> None:
+    kinds = {doc["kind"] for doc in render(sets=("apiPriorityAndFairness.enabled=false",))}
+    assert kinds.isdisjoint({"FlowSchema", "PriorityLevelConfiguration"})
 
 
 # --- Service and monitors -------------------------------------------------------------------------------

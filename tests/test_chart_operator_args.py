@@ -30,6 +30,7 @@ ROOT_LEVEL = {"quiet": logging.WARNING, "normal": logging.INFO, "verbose": loggi
 CASES = [
     *((values, f"operator.logLevel={level}") for values in CI_VALUES for level in OPERATOR_VALUES["logLevel"]["enum"]),
     *((DEFAULT_VALUES, f"operator.logFormat={fmt}") for fmt in OPERATOR_VALUES["logFormat"]["enum"]),
+    (DEFAULT_VALUES, "operator.apiConnections=64"),
 ]
 
 
@@ -49,7 +50,7 @@ def _value(values: Path, key: str, setting: str = "") -> Any:
     """operator.<key> as helm resolves it: --set, then the values file, then values.yaml."""
     name, _, value = setting.partition("=")
     if name == f"operator.{key}":
-        return value
+        return yaml.safe_load(value)  # as helm reads a --set value
     overrides = (yaml.safe_load(values.read_text()) or {}).get("operator", {})
     return overrides.get(key, DEFAULTS["operator"][key])
 
@@ -83,6 +84,7 @@ def test_operator_accepts_and_applies_the_chart_args(case: tuple[Path, str], mon
     gang = {True: "on", False: "off"}.get(gang, gang)
     assert launch.config.gang_scheduling == gang == _rendered(args, "--gang-scheduling")
     assert launch.metrics_port == _value(values, "metricsPort", setting)
+    assert launch.config.api_connections == _value(values, "apiConnections", setting)
 
 
 def _assert_watches_what_the_values_say(launch: Launch, values: Path) -> None:

@@ -366,22 +366,77 @@ def test_calls_queued_behind_the_connection_limit_wait_for_a_slot_without_timing
         in_flight -= 1
         return web.json_response({"ok": True})
 
-    async def main() -> list[Any]:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", slow)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        rest = transport.Rest(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), connections=2)
-        try:  # 12 calls through 2 connections of 0.2 s each: 1.2 s, past both timeouts for the last ones
-            return await asyncio.gather(*(rest.request("GET", f"/pods/{n}") for n in range(12)),
-                                        return_exceptions=True)
-        finally:
-            await rest.close()
-            await runner.cleanup()
+    async def twelve_calls(rest: transport.Rest) -> list[Any]:
+        # 12 calls through 2 connections of 0.2 s each: 1.2 s, past both timeouts for the last ones
+        return await asyncio.gather(*(rest.request("GET", f"/pods/{n}") for n in range(12)), return_exceptions=True)
 
-    answers = asyncio.run(main())
+    answers = asyncio.run(with_server(slow, 2, twelve_calls))
     assert answers == [{"ok": True}] * 12, [repr(a) for a in answers if not isinstance(a, dict)]
     assert most == 2, "the connection limit still bounds the calls in flight"
+
+
+async def with_server(handler: Callable[[web.Request], Awaitable[web.StreamResponse]], connections: int,
+                      call: Callable[[transport.Rest], Awaitable[Any]]) -> Any:
+    """``call`` with a Rest of ``connections`` to a local server whose every request ``handler`` answers."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rest = transport.Rest(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), connections=connections)
+    try:
+        return await call(rest)
+    finally:
+        await rest.close()
+        await runner.cleanup()
+
+
+def throttling(times: int, retry_after: str = "0") -> tuple[Callable[[web.Request], Awaitable[web.StreamResponse]],
+                                                             list[str]]:
+    """A handler that answers /throttled with 429 (and ``retry_after``) ``times`` times, as API Priority and Fairness
+    does when a level's queues are full, and everything else at once; and the log of what it answered."""
+    answered: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path == "/throttled" and answered.count("429") < times:
+            answered.append("429")
+            return web.json_response(status_body(429, "too many requests, please try again later"), status=429,
+                                     headers={"Retry-After": retry_after})
+        answered.append(request.path)
+        return web.json_response({"ok": request.path})
+    return handle, answered
+
+
+def test_a_throttled_call_is_tried_again_after_retry_after_and_frees_its_slot_meanwhile() -> None:
+    handle, answered = throttling(times=2, retry_after="1")
+
+    async def calls(rest: transport.Rest) -> list[Any]:
+        throttled = asyncio.create_task(rest.request("GET", "/throttled"))
+        await asyncio.sleep(0.2)  # the first 429 is in: its 1 s wait must not hold the only connection slot
+        other = await asyncio.wait_for(rest.request("GET", "/other"), timeout=0.6)
+        return [other, await throttled]
+
+    assert asyncio.run(with_server(handle, 1, calls)) == [{"ok": "/other"}, {"ok": "/throttled"}]
+    assert answered == ["429", "/other", "429", "/throttled"]
+
+
+def test_a_call_throttled_past_the_retries_raises_the_429(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "THROTTLED_RETRIES", 2)
+    handle, answered = throttling(times=5)
+    error = asyncio.run(with_server(handle, 1, lambda rest: _caught(rest.request("GET", "/throttled"))))
+    assert isinstance(error, transport.ApiError) and error.status == 429 and error.retry_after == 0
+    assert answered == ["429"] * 3
+
+
+async def _caught(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except transport.ApiError as error:
+        return error
+
+
+@pytest.mark.parametrize(("header", "wait"), [(None, 1.0), (0.0, 0.1), (3.0, 3.0), (120.0, 10.0)])
+def test_the_wait_after_a_429_is_what_the_server_asked_within_bounds(header: float | None, wait: float) -> None:
+    assert transport.throttled_wait(header) == wait

@@ -1,4 +1,5 @@
-"""The project in a lab: its CRD established and the identity (ServiceAccount, RBAC) that its chart renders.
+"""The project in a lab: its CRD established and the identity (ServiceAccount, RBAC, API priority level) that its
+chart renders.
 
 Shared by the operator tests (tests/operator_fixtures.py) and the benchmarks (bench/cluster.py).
 """
@@ -41,16 +42,20 @@ def wait_crd_established(lab: Lab, name: str = "trainingjobs.kubetrain.io", time
     wait_for(established, timeout, f"the CRD {name} to be established", interval=0.2)
 
 
+IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                  "FlowSchema", "PriorityLevelConfiguration"}
+
+
 def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:
-    """Apply the chart's ServiceAccount and RBAC; return the account's name and a token kubeconfig."""
+    """Apply the chart's ServiceAccount, its RBAC and its API priority level; return the account's name and a
+    token kubeconfig."""
     try:
         lab.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                             "metadata": {"name": OPERATOR_NAMESPACE}})
     except ApiError as error:
         if error.status != 409:
             raise
-    objects = [o for o in render_chart(*helm_args)
-               if o["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
+    objects = [o for o in render_chart(*helm_args) if o["kind"] in IDENTITY_KINDS]
     lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     account = next(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount")
     lab.wait_service_account(OPERATOR_NAMESPACE, account)

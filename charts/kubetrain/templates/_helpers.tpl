@@ -128,6 +128,7 @@ extra args (last, so that they win over the chart's own).
 - --log-format={{ .Values.operator.logFormat }}
 - {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
 - --gang-scheduling={{ include "kubetrain.gangScheduling" . }}
+- --api-connections={{ .Values.operator.apiConnections }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}

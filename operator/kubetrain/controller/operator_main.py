@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from kubetrain.controller.memory import leave_out_what_the_operator_does_not_use
+from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import api
 
 __all__ = ["DESCRIPTION", "GANG_SCHEDULING_HELP", "LOG_FORMATS", "LOG_LEVELS", "TRAINER_IMAGE_HELP", "parser",
@@ -50,6 +51,12 @@ def _trainer_image(value: str) -> str:
     return value
 
 
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a whole number of at least 1")
+    return int(value)
+
+
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(prog="kubetrain operator", description=DESCRIPTION, allow_abbrev=False)
     shown = " (default: %(default)s)"
@@ -78,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
                          help=TRAINER_IMAGE_HELP + shown)
     options.add_argument("--gang-scheduling", type=api.GangScheduling, choices=list(api.GangScheduling),
                          default=api.GangScheduling.AUTO, help=GANG_SCHEDULING_HELP + shown)
+    options.add_argument("--api-connections", type=_positive, default=OperatorConfig.api_connections, metavar="N",
+                         help="Requests to the API server at once (more wait their turn; a 4,096-pod gang's creates "
+                              "go N at a time). The API server's priority and fairness share for the operator "
+                              "(the chart's FlowSchema) should seat at least N." + shown)
     return options
 
 
@@ -95,13 +106,12 @@ def run(argv: Sequence[str]) -> int:
     from prometheus_client import start_http_server
 
     from kubetrain.controller import handlers  # noqa: F401 - registers the handlers in kopf's default registry
-    from kubetrain.controller.operator_config import OperatorConfig
 
     namespaces = tuple(args.namespaces)
     patterns = namespace_patterns(namespaces)
     config = OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
                             gang_scheduling=args.gang_scheduling, all_namespaces=args.all_namespaces,
-                            namespace_patterns=patterns)
+                            namespace_patterns=patterns, api_connections=args.api_connections)
     level = args.log_level
     kopf.configure(debug=level == "debug", verbose=level == "verbose", quiet=level == "quiet",
                    log_format=kopf.LogFormat[args.log_format.upper()])

@@ -31,6 +31,9 @@ HTTP_UNAUTHORIZED = 401
 HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+HTTP_TOO_MANY_REQUESTS = 429  # API Priority and Fairness: the level's queues are full; Retry-After says when
+THROTTLED_RETRIES = 10  # as client-go retries a 429
+THROTTLED_WAIT_MAX = 10.0  # seconds, whatever Retry-After says
 HTTP_ERRORS = 400
 NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects in a namespace being deleted
 # Seconds: a call that cannot connect, or does not finish, is an API server that did not answer. Both count from
@@ -56,10 +59,11 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 class ApiError(Exception):
     """The API server answered with an error status; ``message`` is its Status object's message."""
 
-    def __init__(self, status: int, reason: str, body: str) -> None:
+    def __init__(self, status: int, reason: str, body: str, *, retry_after: float | None = None) -> None:
         self.status = status
         self.reason = reason
         self.body = body
+        self.retry_after = retry_after  # seconds, from the answer's Retry-After header
         super().__init__(self.message)
 
     @property
@@ -190,8 +194,15 @@ class Rest:
         """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._connections)
-        async with self._slots:  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
-            return await self._request(method, path, params, body, content_type)
+        for attempt in range(THROTTLED_RETRIES + 1):
+            try:
+                async with self._slots:  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
+                    return await self._request(method, path, params, body, content_type)
+            except ApiError as error:
+                if error.status != HTTP_TOO_MANY_REQUESTS or attempt == THROTTLED_RETRIES:
+                    raise
+                await asyncio.sleep(throttled_wait(error.retry_after))  # its slot free for other calls meanwhile
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _request(self, method: str, path: str, params: Mapping[str, str] | None, body: Json,
                        content_type: str) -> Json:
@@ -205,9 +216,23 @@ class Rest:
                     self._log_in_again()
                     continue
                 if response.status >= HTTP_ERRORS:
-                    raise ApiError(response.status, response.reason or "", text)
+                    raise ApiError(response.status, response.reason or "", text,
+                                   retry_after=_seconds(response.headers.get("Retry-After")))
                 return json.loads(text) if text else None
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After header's delay (the API server sends whole seconds; an HTTP date is not read)."""
+    try:
+        return float(header) if header else None
+    except ValueError:
+        return None
+
+
+def throttled_wait(retry_after: float | None) -> float:
+    """Seconds to wait before a throttled call's next try: what the API server asked, at least 0.1, at most 10."""
+    return min(max(retry_after if retry_after is not None else 1.0, 0.1), THROTTLED_WAIT_MAX)
 
 
 def _watch_event(event: Json) -> Json:
