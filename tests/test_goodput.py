@@ -180,6 +180,17 @@ def test_goodput_alone_is_written_now_and_then() -> None:
     assert worth_writing({"phase": "Queued"}, soon)
 
 
+def test_gpu_seconds_alone_are_written_with_the_goodput_now_and_then() -> None:
+    """A running job whose progress cannot change (no metrics) wrote its status at every reconcile, its
+    GPU-seconds grown by 10 s each time: 6 writes a minute a job, measured by bench scale.costs."""
+    status = stored("Running", conditions=[KNOWN]) | {"gpuSeconds": 80.0}
+    soon = status | {"goodput": accounted(status, 10), "gpuSeconds": 160.0}
+    late = status | {"goodput": accounted(status, REFRESH_SECONDS), "gpuSeconds": 2480.0}
+    assert not worth_writing(status, soon)
+    assert worth_writing(status, late)
+    assert worth_writing(status, soon | {"progress": {"step": 7}})
+
+
 def test_a_job_with_one_failure_through_reconcile_adds_up_to_its_wall_time() -> None:
     """The lifecycle's own statuses, reconcile after reconcile: the buckets sum to completion - creation."""
     trainer = job()

@@ -6,12 +6,11 @@ and PriorityLevelConfiguration included; the API server's own counters say which
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import requests
 import yaml
 
+from tests.lab.chart import RELEASE, operator_requests
 from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
 from tests.lab.operator_process import OperatorProcess
@@ -20,15 +19,7 @@ from tests.lab.procs import wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("operator")]
 
 FLOWCONTROL = "/apis/flowcontrol.apiserver.k8s.io/v1"
-LEVEL = "kubetrain"  # the chart's fullname for the release the lab renders
-DISPATCHED = re.compile(r'^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<count>\S+)$', re.M)
-
-
-def dispatched(lab: Lab, flow_schema: str) -> float:
-    """Requests the API server ran under ``flow_schema``, from its /metrics."""
-    text = lab.api.session.get(lab.api.server + "/metrics", verify=lab.api.verify, timeout=30).text
-    return sum(float(match["count"]) for match in DISPATCHED.finditer(text)
-               if f'flow_schema="{flow_schema}"' in match["labels"])
+LEVEL = RELEASE  # the chart's fullname for the release the lab renders
 
 
 def test_the_flow_schema_is_bound_to_its_level(lab: Lab) -> None:
@@ -51,9 +42,9 @@ def test_a_request_with_the_operators_token_matches_the_flow_schema(lab: Lab, op
 
 
 def test_the_operators_requests_run_in_its_own_priority_level(lab: Lab, jobs: Jobs) -> None:
-    before = dispatched(lab, LEVEL)
+    before = operator_requests(lab)
     jobs.create("apf", {"nodes": 2, "resources": {"cpu": "100m", "memory": "512Mi"},
                         "command": ["python", "-c", "print('hello')"]})
     jobs.wait_phase("apf", "Succeeded", timeout=120)
     # two pods and a Service created, status written: by the operator, whose account only this schema matches
-    wait_for(lambda: dispatched(lab, LEVEL) >= before + 4, 30, "the operator's requests under its FlowSchema")
+    wait_for(lambda: operator_requests(lab) >= before + 4, 30, "the operator's requests under its FlowSchema")

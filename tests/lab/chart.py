@@ -7,6 +7,7 @@ Shared by the operator tests (tests/operator_fixtures.py) and the benchmarks (be
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,15 @@ from tests.lab.rest import ApiError
 CRD = REPO / "crds" / "trainingjobs.kubetrain.io.yaml"
 CHART = REPO / "charts" / "kubetrain"
 OPERATOR_NAMESPACE = "kubetrain-system"
+RELEASE = "kubetrain"  # the release the chart is rendered as: its fullname names the FlowSchema too
+DISPATCHED = re.compile(r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<count>\S+)$",
+                        re.M)
 Json = Any
 
 
 def render_chart(*args: str) -> list[Json]:
     """`helm template` of the chart, as objects."""
-    argv = [str(ensure_binary("helm")), "template", "kubetrain", str(CHART), "--namespace", OPERATOR_NAMESPACE,
+    argv = [str(ensure_binary("helm")), "template", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
             "--kube-version", "v1.37.2", *args]
     rendered = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
@@ -60,3 +64,11 @@ def install_identity(lab: Lab, *helm_args: str) -> tuple[str, Path]:
     account = next(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount")
     lab.wait_service_account(OPERATOR_NAMESPACE, account)
     return account, lab.token_kubeconfig(OPERATOR_NAMESPACE, account)
+
+
+def operator_requests(lab: Lab, flow_schema: str = RELEASE) -> int:
+    """Requests the API server has run for the operator so far: the chart's FlowSchema matches only the operator's
+    ServiceAccount, and the API server counts what each schema dispatched (its /metrics)."""
+    text = lab.api.session.get(lab.api.server + "/metrics", verify=lab.api.verify, timeout=30).text
+    return round(sum(float(match["count"]) for match in DISPATCHED.finditer(text)
+                     if f'flow_schema="{flow_schema}"' in match["labels"]))

@@ -76,10 +76,15 @@ def account(before: Mapping[str, Json], after: Mapping[str, Json], *, now: datet
     return _with_share(goodput)
 
 
+# Figures that grow with time alone, recomputed at every reconcile: a running job that changes nothing else would
+# write its status at each one (every 10 s: 6 writes a minute a job, the most of a quiet cluster's status writes).
+ACCRUED = ("goodput", "gpuSeconds")
+
+
 def worth_writing(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool:
-    """Whether ``after`` is worth a status write over the stored ``before``: not when only its goodput moved, and
-    by less than REFRESH_SECONDS."""
-    if {k: v for k, v in before.items() if k != "goodput"} != {k: v for k, v in after.items() if k != "goodput"}:
+    """Whether ``after`` is worth a status write over the stored ``before``: not when only its accrued figures
+    (goodput, GPU-seconds) moved, and the goodput by less than REFRESH_SECONDS."""
+    if _unaccrued(before) != _unaccrued(after):
         return True
     old, new = before.get("goodput"), after.get("goodput")
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
@@ -88,6 +93,10 @@ def worth_writing(before: Mapping[str, Json], after: Mapping[str, Json]) -> bool
     if since is None or until is None:
         return old != new
     return (until - since).total_seconds() >= REFRESH_SECONDS
+
+
+def _unaccrued(status: Mapping[str, Json]) -> dict[str, Json]:
+    return {key: value for key, value in status.items() if key not in ACCRUED}
 
 
 def _buckets(stored: Json) -> dict[str, Json]:
