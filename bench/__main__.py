@@ -34,8 +34,10 @@ __all__ = ["all_benchmarks", "main", "select"]
 def all_benchmarks() -> tuple[Benchmark, ...]:
     """Every benchmark, in the order they run (the lab ones last, sharing one lab)."""
     from bench import (
+        burst,
         cluster,
         core,
+        costs,
         frontier,
         gang,
         inplace,
@@ -51,8 +53,9 @@ def all_benchmarks() -> tuple[Benchmark, ...]:
     # The peer before the scale benchmarks: their 512-pod job and 250 jobs would still be going away (and
     # weigh on a freshly started operator) when the peer measures memory.
     ordered = (*core.BENCHMARKS, *trainer.BENCHMARKS, *trainer_overhead.BENCHMARKS, *cluster.BENCHMARKS,
-               *recovery.BENCHMARKS, *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS, *kueue.BENCHMARKS,
-               *gang.BENCHMARKS, *inplace.BENCHMARKS, *frontier.BENCHMARKS)
+               *recovery.BENCHMARKS, *rendezvous.BENCHMARKS, *peer.BENCHMARKS, *scale.BENCHMARKS, *burst.BENCHMARKS,
+               *kueue.BENCHMARKS, *gang.BENCHMARKS, *inplace.BENCHMARKS, *frontier.BENCHMARKS,
+               *costs.BENCHMARKS)
     return tuple(sorted(ordered, key=lambda bench: bench.needs_lab))  # stable: the order above within each kind
 
 

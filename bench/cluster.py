@@ -249,15 +249,18 @@ def job_spec(code: str, nodes: int) -> Json:
 def bare_objects(name: str, namespace: str, spec: Json, *, gang: bool = False) -> list[Json]:
     """The Service and pods the operator would create for a job ``name``, created by hand instead: the same
     command, image, resources and pod spec, with labels renamed so that the operator never sees them. ``gang``:
-    the attempt's PodGroup too (after the Service), and the pods in it."""
-    from kubetrain.core.manifests import build_pod_group, build_pods, build_service
+    the attempt's PodGroup too (after the Service), and the pods in it. The pods restart in place only on the
+    real node: the process and simulated nodes declare no such feature, so the operator leaves the rule out there
+    (and the scheduler would place a pod with it nowhere)."""
+    from kubetrain.core.manifests import build_pod, build_pod_group, build_service
     from kubetrain.core.spec import parse
 
     body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
     job = parse(body)
     group = [build_pod_group(job, 0)] if gang else []
-    objects = [build_service(job), *group, *build_pods(job, 0, gang=gang)]
+    pods = [build_pod(job, index, 0, gang=gang, nodes_restart_in_place=False) for index in range(job.spec.nodes)]
+    objects = [build_service(job), *group, *pods]
     for obj in objects:
         metadata = obj["metadata"]
         metadata.pop("ownerReferences", None)

@@ -34,7 +34,8 @@ from bench.cluster import Cluster, cluster
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median
 
-__all__ = ["BENCHMARKS", "PeerOperator", "count_status_writes", "pytorchjob", "trainingjob_spec"]
+__all__ = ["BENCHMARKS", "PeerOperator", "count_status_writes", "kubeflow_side", "kubetrain_side", "pytorchjob",
+           "trainingjob_spec"]
 
 Json = Any
 MIB = 1024 * 1024
@@ -228,17 +229,26 @@ class Side:
 
 
 def sides(lab: Cluster, peer: PeerOperator) -> tuple[Side, Side]:
+    return kubetrain_side(lab), kubeflow_side(peer)
+
+
+def _pid_of(process: Any) -> Callable[[], int]:
+    return lambda: int(process.process.pid)
+
+
+def kubetrain_side(lab: Cluster) -> Side:
+    """kubetrain's side alone (bench/burst.py measures it before the peer is started)."""
     def kubetrain_body(name: str, nodes: int, suspend: bool) -> Json:
         return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
                 "spec": trainingjob_spec(nodes, suspend=suspend)}
 
-    def pid_of(process: Any) -> Callable[[], int]:
-        return lambda: int(process.process.pid)
+    return Side("kubetrain", "kubetrain.io/job-name", KUBETRAIN + "/namespaces/{ns}/trainingjobs",
+                kubetrain_body, _pid_of(lab.operator))
 
-    return (Side("kubetrain", "kubetrain.io/job-name", KUBETRAIN + "/namespaces/{ns}/trainingjobs",
-                 kubetrain_body, pid_of(lab.operator)),
-            Side("kubeflow", "training.kubeflow.org/job-name", KUBEFLOW + "/namespaces/{ns}/pytorchjobs",
-                 lambda name, nodes, suspend: pytorchjob(name, nodes, suspend=suspend), pid_of(peer)))
+
+def kubeflow_side(peer: PeerOperator) -> Side:
+    return Side("kubeflow", "training.kubeflow.org/job-name", KUBEFLOW + "/namespaces/{ns}/pytorchjobs",
+                lambda name, nodes, suspend: pytorchjob(name, nodes, suspend=suspend), _pid_of(peer))
 
 
 class PodClock:

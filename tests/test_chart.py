@@ -282,6 +282,7 @@ def test_cluster_wide_mode_watches_all_namespaces() -> None:
         f"--trainer-image={DEFAULT_TRAINER_IMAGE}",
         "--gang-scheduling=auto",
         "--api-connections=16",
+        "--looks-per-second=200",
     ]
 
 

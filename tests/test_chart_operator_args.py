@@ -31,6 +31,7 @@ CASES = [
     *((values, f"operator.logLevel={level}") for values in CI_VALUES for level in OPERATOR_VALUES["logLevel"]["enum"]),
     *((DEFAULT_VALUES, f"operator.logFormat={fmt}") for fmt in OPERATOR_VALUES["logFormat"]["enum"]),
     (DEFAULT_VALUES, "operator.apiConnections=64"),
+    (DEFAULT_VALUES, "operator.looksPerSecond=50"),
 ]
 
 
@@ -85,6 +86,7 @@ def test_operator_accepts_and_applies_the_chart_args(case: tuple[Path, str], mon
     assert launch.config.gang_scheduling == gang == _rendered(args, "--gang-scheduling")
     assert launch.metrics_port == _value(values, "metricsPort", setting)
     assert launch.config.api_connections == _value(values, "apiConnections", setting)
+    assert launch.config.looks_per_second == _value(values, "looksPerSecond", setting)
 
 
 def _assert_watches_what_the_values_say(launch: Launch, values: Path) -> None:

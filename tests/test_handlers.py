@@ -23,7 +23,7 @@ from kopf._core.engines import posting
 
 from kubetrain.controller import handlers, jobstate, kopf_setup, metrics, queueing
 from kubetrain.controller.operator_config import OperatorConfig
-from kubetrain.core import spec
+from kubetrain.core import judgements, spec
 from kubetrain.core.goodput import REFRESH_SECONDS
 from kubetrain.core.judgements import Coalescing, ScrapeClock
 from kubetrain.core.queueing import POD_SET, QUEUE_LABEL
@@ -785,3 +785,16 @@ def test_a_checkpoint_request_is_counted_by_its_result(reason: str, result: str)
     grew = {r: (metrics.REGISTRY.get_sample_value("kubetrain_checkpoint_requests_total", {"result": r}) or 0.0)
             - counts[r] for r in counts}
     assert grew == {r: 1.0 if r == result else 0.0 for r in counts}
+
+
+def test_the_operator_stretches_its_periods_by_the_jobs_it_holds_counted_now_and_then() -> None:
+    config = OperatorConfig(progress_interval=10.0, resync_interval=30.0, looks_per_second=2.0)
+    state = jobstate.OperatorState(config=config, kube=None, http=None, pods=None)  # type: ignore[arg-type]
+    for number, phase in enumerate(["Running"] * 30 + ["Pending"] * 30 + ["Succeeded"] * 100):
+        state.record(("ns", f"j{number}")).phase = phase
+    # 30 running every 10 s and 30 waiting every 30 s: 4 looks a second, twice the budget; ended jobs none
+    assert state.periods(now=100.0) == judgements.Periods(progress=20.0, resync=60.0)
+    for number in range(30, 60):
+        state.record(("ns", f"j{number}")).phase = "Running"
+    assert state.periods(now=101.0).progress == 20.0, "not counted again within PERIODS_RECOUNT"
+    assert state.periods(now=100.0 + jobstate.PERIODS_RECOUNT).progress == 30.0

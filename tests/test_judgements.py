@@ -148,3 +148,18 @@ def test_the_next_look(phase: str, requeue_after: float | None, deletes: bool, w
                        delay: float | None) -> None:
     assert judgements.next_look_in(phase, requeue_after=requeue_after, deletes=deletes, write_in=write_in,
                                    resync=30.0, progress=10.0) == delay
+
+
+@pytest.mark.parametrize(("running", "others", "periods"), [
+    (0, 0, (10.0, 30.0)),  # nothing to look at: the configured periods
+    (1000, 3000, (10.0, 30.0)),  # 100 + 100 looks a second: within the 200
+    (2000, 0, (10.0, 30.0)),  # exactly the budget
+    (4000, 0, (20.0, 60.0)),  # twice the budget: both periods twice as long
+    (100_000, 0, (500.0, 1500.0)),  # a frontier cluster's running jobs: 200 looks a second still
+    (0, 12_000, (20.0, 60.0)),  # waiting jobs alone stretch the resync, and the progress read alike
+])
+def test_the_periods_stretch_alike_to_keep_the_looks_within_the_budget(
+        running: int, others: int, periods: tuple[float, float]) -> None:
+    found = judgements.periods(10.0, 30.0, running=running, others=others, budget=200.0)
+    assert (found.progress, found.resync) == pytest.approx(periods)
+    assert running / found.progress + others / found.resync <= 200.0 + 1e-9

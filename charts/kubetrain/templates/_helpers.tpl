@@ -129,6 +129,7 @@ extra args (last, so that they win over the chart's own).
 - {{ printf "--trainer-image=%s" (include "kubetrain.imageRef" (dict "image" .Values.trainer.image "ctx" .)) | quote }}
 - --gang-scheduling={{ include "kubetrain.gangScheduling" . }}
 - --api-connections={{ .Values.operator.apiConnections }}
+- --looks-per-second={{ .Values.operator.looksPerSecond }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}

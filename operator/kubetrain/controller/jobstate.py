@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,7 +17,7 @@ import aiohttp
 from kubetrain.controller import metrics
 from kubetrain.controller.memory import return_freed_memory
 from kubetrain.controller.operator_config import OperatorConfig
-from kubetrain.core import api
+from kubetrain.core import api, judgements
 from kubetrain.core.judgements import ScrapeClock
 from kubetrain.core.queueing import Placement
 from kubetrain.core.spec import TrainingJob, parse
@@ -37,6 +38,8 @@ TERMINATING_HOLD = 30.0
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
+PERIODS_RECOUNT = 5.0  # seconds between counts of the jobs whose periods are stretched to the looks' budget
+LOOKED_AT_FOR_PROGRESS = frozenset({api.Phase.RUNNING, api.Phase.STARTING})  # as judgements.next_look_in
 CHECKPOINT_REQUEST_RESULTS: dict[str, str] = {api.Reason.CHECKPOINT_REQUESTED: "taken",
                                               api.Reason.CHECKPOINT_REQUEST_FAILED: "failed"}
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
@@ -147,6 +150,7 @@ class OperatorState:
     records: dict[Key, JobRecord] = field(default_factory=dict)
     terminating: dict[str, float] = field(default_factory=dict)  # namespace: when it refused new pods
     reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity)
+    _periods: tuple[float, judgements.Periods] | None = None  # when counted, and the periods then
 
     @property
     def notices(self) -> Mapping[str, str]:
@@ -198,6 +202,19 @@ class OperatorState:
 
     def holds(self, namespace: str) -> bool:
         return time.monotonic() - self.terminating.get(namespace, -math.inf) < TERMINATING_HOLD
+
+    def periods(self, now: float) -> judgements.Periods:
+        """How often each job is looked at unprompted (judgements.periods), counted again every PERIODS_RECOUNT
+        seconds: a count at every reconcile would cost the operator as much as the looks it saves."""
+        if self._periods is None or now - self._periods[0] >= PERIODS_RECOUNT:
+            phases = Counter(record.phase for record in self.records.values())
+            running = sum(phases[phase] for phase in LOOKED_AT_FOR_PROGRESS)
+            ended = phases[api.Phase.SUCCEEDED] + phases[api.Phase.FAILED]  # no look until they change
+            config = self.config
+            self._periods = (now, judgements.periods(config.progress_interval, config.resync_interval,
+                                                     running=running, others=len(self.records) - running - ended,
+                                                     budget=config.looks_per_second))
+        return self._periods[1]
 
     def keeps_cached(self, key: Key, record: JobRecord) -> bool:
         """Whether the job is active (it has pods, or is about to): its reconciles come often."""

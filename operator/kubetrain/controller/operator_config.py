@@ -19,6 +19,8 @@ class OperatorConfig:
     trainer_image: str = api.DEFAULT_TRAINER_IMAGE  # image of jobs that leave spec.image unset
     resync_interval: float = 30.0  # every job is reconciled at least this often
     api_connections: int = 16  # concurrent requests to the API server (the aiohttp pool's limit)
+    # Reconciles a second on the operator's own schedule (progress reads, resyncs): past it the periods stretch.
+    looks_per_second: float = 200.0
     # Kubernetes' own gang scheduling: each attempt gets a PodGroup. auto is resolved at start-up (gangs.py).
     gang_scheduling: api.GangScheduling = api.GangScheduling.AUTO
     # --namespace values when one is a pattern: kopf then watches jobs cluster-wide and these pick ours.

@@ -89,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
                          help="Requests to the API server at once (more wait their turn; a 4,096-pod gang's creates "
                               "go N at a time). The API server's priority and fairness share for the operator "
                               "(the chart's FlowSchema) should seat at least N." + shown)
+    options.add_argument("--looks-per-second", type=_positive, default=int(OperatorConfig.looks_per_second),
+                         metavar="N", help="Reconciles a second on the operator's own schedule (running jobs' "
+                         "progress reads every --progress-interval, other jobs' resyncs every 30 s); with more "
+                         "jobs than that allows, each is looked at less often alike." + shown)
     return options
 
 
@@ -111,7 +115,8 @@ def run(argv: Sequence[str]) -> int:
     patterns = namespace_patterns(namespaces)
     config = OperatorConfig(progress_interval=args.progress_interval, trainer_image=args.trainer_image,
                             gang_scheduling=args.gang_scheduling, all_namespaces=args.all_namespaces,
-                            namespace_patterns=patterns, api_connections=args.api_connections)
+                            namespace_patterns=patterns, api_connections=args.api_connections,
+                            looks_per_second=args.looks_per_second)
     level = args.log_level
     kopf.configure(debug=level == "debug", verbose=level == "verbose", quiet=level == "quiet",
                    log_format=kopf.LogFormat[args.log_format.upper()])

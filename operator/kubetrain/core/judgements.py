@@ -16,8 +16,8 @@ from kubetrain.core import api
 from kubetrain.core.status import PodState, Scrape, owned_by
 from kubetrain.core.status_policy import Event
 
-__all__ = ["Coalescing", "Holder", "ScrapeClock", "hands_off", "holder", "name_taken_message", "needs_namespace_probe",
-           "next_look_in", "scrape_address"]
+__all__ = ["Coalescing", "Holder", "Periods", "ScrapeClock", "hands_off", "holder", "name_taken_message",
+           "needs_namespace_probe", "next_look_in", "periods", "scrape_address"]
 
 Json = Any
 
@@ -111,6 +111,25 @@ def needs_namespace_probe(events: Iterable[Event]) -> bool:
     """Whether the decision restarts the gang for a disruption: deleting a namespace removes its pods before its
     jobs, so the namespace is asked first whether it still takes pods (if not, nothing is restarted)."""
     return any(event.reason == api.Reason.DISRUPTED for event in events)
+
+
+@dataclass(frozen=True)
+class Periods:
+    """Seconds between the looks the operator takes at a job unprompted: a running job's progress read, and every
+    job's resync."""
+
+    progress: float
+    resync: float
+
+
+def periods(progress: float, resync: float, *, running: int, others: int, budget: float) -> Periods:
+    """The configured periods, stretched alike where the looks they make (``running`` jobs every ``progress`` s,
+    ``others`` every ``resync`` s) would pass ``budget`` a second. Each look is a reconcile (about 1 ms of the
+    operator's one core, bench scale.costs) and, for a job whose training moves, a status write: at 10 s, 100,000
+    running jobs would ask for 10,000 of both a second."""
+    rate = running / progress + others / resync
+    stretch = max(1.0, rate / budget) if budget > 0 else 1.0
+    return Periods(progress * stretch, resync * stretch)
 
 
 def next_look_in(phase: str | None, *, requeue_after: float | None, deletes: bool, write_in: float | None,
