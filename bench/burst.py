@@ -14,18 +14,17 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.cluster import Cluster, bare_objects
-from bench.frontier import CHECK_S, CLIENT_CONNECTIONS, PodWatch, _delete_pods, all_running
+from bench.frontier import CLIENT_CONNECTIONS, PodWatch, Watched, all_running, delete_pods
 from bench.peer import MIB, PeerOperator, Side, kubeflow_side, kubetrain_side, start_peer, trainingjob_spec
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, median, percentile
-from bench.scale import FirstPhases, _first_status_seconds
+from bench.scale import FirstPhases, first_status_seconds
 
 __all__ = ["BENCHMARKS"]
 
@@ -79,52 +78,8 @@ def is_running(job: Json) -> bool:
     return any(c.get("type") == "Running" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
-class RunningJobs:
-    """Which jobs of one collection say Running, from one watch (a list of 5,000 jobs every few seconds would be
-    the heaviest load on the API server being measured)."""
-
-    def __init__(self, lab: Cluster, path: str) -> None:
-        from tests.lab.jobs import list_version
-
-        self._running: set[str] = set()
-        self._lock = threading.Lock()
-        self._stopped = False
-        self.error: Exception | None = None
-        version = list_version(lab.lab.api, path)
-        self._rest = lab.lab.admin_rest()  # a client of its own: its watch holds a connection
-        threading.Thread(target=self._follow, args=(path, version), daemon=True).start()
-
-    def _follow(self, path: str, version: str) -> None:
-        try:
-            while not self._stopped:  # a watch ends at its timeout: go on from the last version seen
-                for event in self._rest.watch(path, version):
-                    job = event["object"]
-                    version = job["metadata"]["resourceVersion"]
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    with self._lock:
-                        if event["type"] != "DELETED" and is_running(job):
-                            self._running.add(job["metadata"]["name"])
-                        else:
-                            self._running.discard(job["metadata"]["name"])
-        except Exception as error:  # reported by wait()
-            with self._lock:
-                self.error = error
-
-    def wait(self, count: int, timeout: float) -> float:
-        """time.monotonic() once ``count`` jobs say Running; raises what the watch met, or TimeoutError."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self.error is not None:
-                    raise RuntimeError(f"the watch of the jobs failed: {self.error}")
-                if len(self._running) >= count:
-                    return time.monotonic()
-            time.sleep(CHECK_S)
-        raise TimeoutError(f"{count} jobs Running: not after {timeout} s ({len(self._running)} were)")
-
-    def stop(self) -> None:
-        self._stopped = True
+def jobs_running(count: int) -> Callable[[list[Json]], bool]:
+    return lambda jobs: sum(1 for job in jobs if is_running(job)) >= count
 
 
 def one_gpu(side: Side) -> Side:
@@ -187,17 +142,17 @@ def operator_burst(ctx: Context, lab: Cluster, side: Side, jobs: int,
     """The burst of an operator's jobs, then HOLD_S with every job Running; ``while_present`` runs after that,
     with every job still there."""
     with burst_namespace(ctx, lab, side.key, jobs) as (namespace, pods):
-        statuses = RunningJobs(lab, side.plural.format(ns=namespace))
+        statuses = Watched(lab, side.plural.format(ns=namespace))
         try:
             cpu0 = side.cpu_s()
             t0 = time.monotonic()
             create_concurrently(jobs, lambda number: side.create(lab, namespace, f"j{number}", 1))
             running = pods.wait(f"{side.key}: {jobs} pods Running", all_running(jobs, _any), _timeout(jobs)) - t0
-            jobs_running = statuses.wait(jobs, _timeout(jobs)) - t0
+            every_job = statuses.wait(f"{side.key}: {jobs} jobs Running", jobs_running(jobs), _timeout(jobs)) - t0
             cpu1 = side.cpu_s()
             ctx.log(f"{side.key}: every job Running; holding {HOLD_S:.0f} s")
             time.sleep(HOLD_S)
-            measured = OperatorRun(running, jobs_running, cpu1 - cpu0, side.cpu_s() - cpu1, side.rss())
+            measured = OperatorRun(running, every_job, cpu1 - cpu0, side.cpu_s() - cpu1, side.rss())
         finally:
             statuses.stop()
         while_present()
@@ -215,7 +170,7 @@ def _sweep(ctx: Context, lab: Cluster, namespace: str, pods: PodWatch, jobs: int
 
     ctx.log(f"deleting namespace {namespace}")
     lab.lab.api.delete(f"/api/v1/namespaces/{namespace}")  # first: nothing new can be made in it from now on
-    _delete_pods(lab, pods, _any)  # one request each: a collection of thousands outlasts a request's timeout
+    delete_pods(lab, pods, _any)  # one request each: a collection of thousands outlasts a request's timeout
     wait_for(lambda: not lab.lab.api.exists(f"/api/v1/namespaces/{namespace}"), _timeout(jobs),
              f"namespace {namespace} to be gone", interval=1.0)
 
@@ -224,7 +179,7 @@ def reconcile_samples(ctx: Context, phases: FirstPhases, jobs: Any, prefix: str)
     """Seconds from create to first status of new unplaceable jobs, one after another (scale.py's measure)."""
     samples = QUICK_SAMPLES if ctx.quick else SAMPLES
     ctx.log(f"{samples} jobs' first reconcile ({prefix})")
-    return _first_status_seconds(jobs, phases, prefix, samples)
+    return first_status_seconds(jobs, phases, prefix, samples)
 
 
 def burst_bench(ctx: Context) -> list[Figure]:
@@ -247,7 +202,7 @@ def _measure(ctx: Context, lab: Cluster, jobs: int) -> list[Figure]:
     phases = FirstPhases(lab, reconcile.base)
     present: list[float] = []
     try:
-        _first_status_seconds(reconcile, phases, "warm-up", 1)  # the operator's first job pays for its warm-up
+        first_status_seconds(reconcile, phases, "warm-up", 1)  # the operator's first job pays for its warm-up
         alone = reconcile_samples(ctx, phases, reconcile, "alone")
         theirs, peer_error = kubeflow_burst(ctx, lab, jobs)
         plain = plain_burst(ctx, lab, jobs)

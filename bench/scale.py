@@ -104,9 +104,9 @@ def busy_reconcile_bench(ctx: Context) -> list[Figure]:
     jobs = Jobs(lab.lab, namespace)
     phases = FirstPhases(lab, jobs.base)
     try:
-        _first_status_seconds(jobs, phases, "warm-up", 1)  # the operator's first job pays for its warm-up
+        first_status_seconds(jobs, phases, "warm-up", 1)  # the operator's first job pays for its warm-up
         ctx.log(f"{samples} jobs' first reconcile, no other job present")
-        idle = _first_status_seconds(jobs, phases, "idle", samples)
+        idle = first_status_seconds(jobs, phases, "idle", samples)
         ctx.log(f"creating {background} background jobs, and waiting until each has its first status")
         for number in range(background):
             jobs.create(f"background-{number}", _unplaceable(1))
@@ -114,7 +114,7 @@ def busy_reconcile_bench(ctx: Context) -> list[Figure]:
             phases.wait(f"background-{number}", timeout=300)
         time.sleep(SETTLE_S)
         ctx.log(f"{samples} jobs' first reconcile, {background} others present")
-        busy = _first_status_seconds(jobs, phases, "busy", samples)
+        busy = first_status_seconds(jobs, phases, "busy", samples)
     finally:
         phases.stop()
         lab.delete_namespace(namespace)
@@ -173,7 +173,7 @@ class FirstPhases:
         self._stopped = True  # the thread ends with its current watch (a daemon: it never holds the exit)
 
 
-def _first_status_seconds(jobs: Any, phases: FirstPhases, prefix: str, samples: int) -> list[float]:
+def first_status_seconds(jobs: Any, phases: FirstPhases, prefix: str, samples: int) -> list[float]:
     """For each of ``samples`` new one-node jobs, created one after another, seconds from create to the
     status with its phase."""
     seconds = []
