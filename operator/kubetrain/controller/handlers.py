@@ -33,6 +33,7 @@ from kubetrain.controller.jobstate import (
     StoredStatus,
     Trigger,
     trim_memory,
+    without_managed_fields,
 )
 from kubetrain.controller.kopf_setup import configure, scanning_needed
 from kubetrain.controller.operator_config import OperatorConfig
@@ -161,7 +162,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
     await state.pods.ready(namespace)  # its pods are listed: a reconcile before would create them again
     trigger = Trigger("job", logger)
     if state.queue.busy(key):
-        record.body = body  # newer than the running pass's
+        record.body = without_managed_fields(body)  # newer than the running pass's
         state.queue.add(key, trigger)
     else:
         await state.queue.run(key, replace(trigger, body=body))
@@ -252,6 +253,7 @@ async def _read(state: OperatorState, key: Key, record: JobRecord,
     body = trigger.body or record.body or await state.kube.get_job(namespace, name)
     if body is None:  # e.g. its pods' events as they are deleted after it: nothing of it is kept
         raise JobGoneError(f"{namespace}/{name} is gone")
+    body = without_managed_fields(body)
     record.body = body  # also when hands off: a later pass must not act on an older body (e.g. before deletion)
     if judgements.hands_off(body):
         return None

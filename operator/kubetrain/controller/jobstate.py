@@ -27,7 +27,7 @@ from kubetrain.k8s.kube import Kube
 from kubetrain.k8s.nodewatch import NodeWatch
 from kubetrain.k8s.workqueue import WorkQueue
 
-__all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory"]
+__all__ = ["JobRecord", "OperatorState", "PodIndex", "StoredStatus", "Trigger", "trim_memory", "without_managed_fields"]
 
 Json = Any
 Key = tuple[str, str]  # (namespace, name)
@@ -44,6 +44,16 @@ CHECKPOINT_REQUEST_RESULTS: dict[str, str] = {api.Reason.CHECKPOINT_REQUESTED: "
                                               api.Reason.CHECKPOINT_REQUEST_FAILED: "failed"}
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
                              api.Reason.SCALED, api.Reason.OOM_KILLED, api.Reason.REPLACEMENT_TIMEOUT})
+
+
+def without_managed_fields(body: Json) -> Json:
+    """The job as it is kept between reconciles: without ``metadata.managedFields``, which the operator never reads
+    and which is about half of a running job's JSON (2.6 of 5.5 KB; kept as dicts, 29 KiB a job, 145 MiB for
+    5,000 jobs)."""
+    metadata = body.get("metadata") or {}
+    if "managedFields" not in metadata:
+        return body
+    return {**body, "metadata": {key: value for key, value in metadata.items() if key != "managedFields"}}
 
 
 class PodIndex(Protocol):
@@ -124,7 +134,7 @@ class JobRecord:
 
     def wrote(self, body: Json, *, at: float) -> None:
         """Its status was written at ``at`` (monotonic time): ``body`` is the job now, and its echo is ours."""
-        self.body = body
+        self.body = without_managed_fields(body)
         self.written_at = at
         self.own_writes[:] = [*self.own_writes[-(OWN_WRITES_KEPT - 1):], body["metadata"]["resourceVersion"]]
 
