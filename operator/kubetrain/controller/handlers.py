@@ -361,7 +361,7 @@ async def _scrape(state: OperatorState, record: JobRecord, status: Mapping[str, 
                   pods: list[PodState]) -> Scrape | None:
     """Rank 0's progress (or why it cannot be read) when a read is due (judgements.ScrapeClock)."""
     now = time.monotonic()
-    if not record.scrape.due(status.get("phase"), now=now, interval=state.periods(now).progress,
+    if not record.scrape.due(status.get("phase"), now=now, interval=state.periods().progress,
                              recheck=SCRAPE_RECHECK_SECONDS):
         return None
     address = judgements.scrape_address(status, pods)
@@ -435,9 +435,8 @@ async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
 
 def _schedule(state: OperatorState, key: Key, decision: Decision, write_by: float | None = None) -> None:
     """The job's next look; ``write_by``: the monotonic time by which a deferred status write is due."""
-    now = time.monotonic()
-    write_in = None if write_by is None else write_by - now
-    periods = state.periods(now)
+    write_in = None if write_by is None else write_by - time.monotonic()
+    periods = state.periods()
     delay = judgements.next_look_in(decision.status.get("phase"), requeue_after=decision.requeue_after,
                                     deletes=bool(decision.delete), write_in=write_in, resync=periods.resync,
                                     progress=periods.progress)

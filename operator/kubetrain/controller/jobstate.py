@@ -38,7 +38,6 @@ TERMINATING_HOLD = 30.0
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
-PERIODS_RECOUNT = 5.0  # seconds between counts of the jobs whose periods are stretched to the looks' budget
 LOOKED_AT_FOR_PROGRESS = frozenset({api.Phase.RUNNING, api.Phase.STARTING})  # as judgements.next_look_in
 CHECKPOINT_REQUEST_RESULTS: dict[str, str] = {api.Reason.CHECKPOINT_REQUESTED: "taken",
                                               api.Reason.CHECKPOINT_REQUEST_FAILED: "failed"}
@@ -160,7 +159,8 @@ class OperatorState:
     records: dict[Key, JobRecord] = field(default_factory=dict)
     terminating: dict[str, float] = field(default_factory=dict)  # namespace: when it refused new pods
     reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity)
-    _periods: tuple[float, judgements.Periods] | None = None  # when counted, and the periods then
+    phases: Counter[str] = field(default_factory=Counter)  # the records by phase (set_phase)
+    in_namespace: Counter[str] = field(default_factory=Counter)  # the records by namespace
 
     @property
     def notices(self) -> Mapping[str, str]:
@@ -168,7 +168,11 @@ class OperatorState:
         return self.nodes.notices if self.nodes is not None else {}
 
     def record(self, key: Key) -> JobRecord:
-        return self.records.setdefault(key, JobRecord())
+        record = self.records.get(key)
+        if record is None:
+            record = self.records[key] = JobRecord()
+            self.in_namespace[key[0]] += 1
+        return record
 
     def forget(self, key: Key) -> None:
         """The job is gone; the pod watch of its namespace stops with the namespace's last job. ``records`` holds
@@ -176,13 +180,24 @@ class OperatorState:
         record = self.records.pop(key, None)
         self.queue.forget(key)
         metrics.JOB_GOODPUT.forget(*key)
-        if record is not None and record.phase is not None:
-            self.publish_phases()
-        if not any(namespace == key[0] for namespace, _ in self.records):
+        if record is not None:
+            self.in_namespace[key[0]] -= 1
+            self.set_phase(record, None)
+        if self.in_namespace[key[0]] <= 0:
+            del self.in_namespace[key[0]]
             self.pods.release(key[0])
 
-    def publish_phases(self) -> None:
-        metrics.set_job_phases({key: record.phase for key, record in self.records.items() if record.phase is not None})
+    def set_phase(self, record: JobRecord, phase: str | None) -> None:
+        """The job's phase as last written, and the tally by phase (kept as phases change: a count over every
+        record at each change would cost 100,000 jobs' operator a core in a burst)."""
+        if record.phase == phase:
+            return
+        if record.phase is not None:
+            self.phases[record.phase] -= 1
+        if phase is not None:
+            self.phases[phase] += 1
+        record.phase = phase
+        metrics.set_job_phases(self.phases)
 
     def observe(self, record: JobRecord, job: TrainingJob, before: Mapping[str, Json], after: Mapping[str, Json],
                 events: Iterable[Event], *, now: datetime) -> None:
@@ -200,9 +215,7 @@ class OperatorState:
             created = parse_time(job.created)
             if created is not None:
                 metrics.TIME_TO_RUNNING.observe(max(0.0, (now - created).total_seconds()))
-        if record.phase != phase:  # the tally covers every job: not at each of a job's reconciles
-            record.phase = phase
-            self.publish_phases()
+        self.set_phase(record, phase)
 
     def hold_namespace(self, namespace: str) -> None:
         """Leave the namespace's jobs alone for TERMINATING_HOLD seconds: it is being deleted."""
@@ -213,18 +226,13 @@ class OperatorState:
     def holds(self, namespace: str) -> bool:
         return time.monotonic() - self.terminating.get(namespace, -math.inf) < TERMINATING_HOLD
 
-    def periods(self, now: float) -> judgements.Periods:
-        """How often each job is looked at unprompted (judgements.periods), counted again every PERIODS_RECOUNT
-        seconds: a count at every reconcile would cost the operator as much as the looks it saves."""
-        if self._periods is None or now - self._periods[0] >= PERIODS_RECOUNT:
-            phases = Counter(record.phase for record in self.records.values())
-            running = sum(phases[phase] for phase in LOOKED_AT_FOR_PROGRESS)
-            ended = phases[api.Phase.SUCCEEDED] + phases[api.Phase.FAILED]  # no look until they change
-            config = self.config
-            self._periods = (now, judgements.periods(config.progress_interval, config.resync_interval,
-                                                     running=running, others=len(self.records) - running - ended,
-                                                     budget=config.looks_per_second))
-        return self._periods[1]
+    def periods(self) -> judgements.Periods:
+        """How often each job is looked at unprompted (judgements.periods), by the jobs held now."""
+        running = sum(self.phases[phase] for phase in LOOKED_AT_FOR_PROGRESS)
+        ended = self.phases[api.Phase.SUCCEEDED] + self.phases[api.Phase.FAILED]  # no look until they change
+        config = self.config
+        return judgements.periods(config.progress_interval, config.resync_interval, running=running,
+                                  others=len(self.records) - running - ended, budget=config.looks_per_second)
 
     def keeps_cached(self, key: Key, record: JobRecord) -> bool:
         """Whether the job is active (it has pods, or is about to): its reconciles come often."""

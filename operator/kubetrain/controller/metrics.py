@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter as Tally
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -76,11 +75,10 @@ JOB_GOODPUT = JobGoodput()
 REGISTRY.register(JOB_GOODPUT)
 
 
-def set_job_phases(phases: Mapping[Any, str]) -> None:
+def set_job_phases(jobs_by_phase: Mapping[str, int]) -> None:
     """Publish the count of jobs per phase (every phase present, zero included)."""
-    tally = Tally(phases.values())
     for phase in Phase:
-        JOBS.labels(phase=str(phase)).set(tally.get(str(phase), 0))
+        JOBS.labels(phase=str(phase)).set(jobs_by_phase.get(str(phase), 0))
 
 
 # Labelled series exist from the start (at zero), so dashboards and alerts see "no errors" rather
