@@ -183,8 +183,8 @@ class OperatorState:
         if record is not None:
             self.in_namespace[key[0]] -= 1
             self.set_phase(record, None)
-        if self.in_namespace[key[0]] <= 0:
-            del self.in_namespace[key[0]]
+        if self.in_namespace[key[0]] <= 0:  # also a job forgotten twice (gone mid-reconcile, then its deletion)
+            self.in_namespace.pop(key[0], None)
             self.pods.release(key[0])
 
     def set_phase(self, record: JobRecord, phase: str | None) -> None:
