@@ -148,6 +148,7 @@ class ScriptedApiServer(BaseHTTPRequestHandler):
 
     both_streaming = threading.Event()
     waited_in_vain = False
+    j0_late_listings = 0
     requests: ClassVar[list[tuple[str, dict[str, list[str]]]]] = []
     waiting = b'{"kind": "Status", "message": "container \\"trainer\\" in pod \\"j-1\\" is waiting to start"}'
 
@@ -165,7 +166,10 @@ class ScriptedApiServer(BaseHTTPRequestHandler):
             self._answer(200, json.dumps({"metadata": {"name": "j", "uid": "u"},
                                           "status": {"phase": "Succeeded", "attempt": 0}}).encode())
         elif url.path == "/api/v1/namespaces/ns/pods":
-            self._answer(200, json.dumps({"items": [_pod("j-1", 1, 0), _pod("j-0", 0, 0)]}).encode())
+            listings = sum(1 for path, _ in self.requests if path == url.path)
+            late = listings <= self.j0_late_listings  # j-0 created after these listings
+            items = [_pod("j-1", 1, 0)] if late else [_pod("j-1", 1, 0), _pod("j-0", 0, 0)]
+            self._answer(200, json.dumps({"items": items}).encode())
         elif url.path.endswith("/log") and query["follow"] == ["false"] and "j-1" in url.path:
             self._answer(400, self.waiting)
         elif url.path.endswith("/log"):
@@ -197,6 +201,7 @@ def apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[
     ScriptedApiServer.requests = []
     ScriptedApiServer.both_streaming = threading.Event()
     ScriptedApiServer.waited_in_vain = False
+    ScriptedApiServer.j0_late_listings = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedApiServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     kubeconfig = tmp_path / "kubeconfig"
@@ -221,6 +226,17 @@ def test_following_streams_every_pod_at_once_until_the_job_ends(apiserver: type[
     assert selectors == {f"{api.LABEL.JOB_NAME}=j,{api.LABEL.JOB_UID}=u"}
     assert all(query["container"] == [api.CONTAINER_NAME] for path, query in apiserver.requests
                if path.endswith("/log"))
+
+
+def test_following_takes_in_a_pod_of_the_attempt_made_after_the_first_look(
+        apiserver: type[ScriptedApiServer]) -> None:
+    """A gang's pods are created together, but a listing can come between two creates: a follow then showed node 1
+    alone for a whole attempt (CI, the real node's journey)."""
+    apiserver.j0_late_listings = 2  # the follow's first look and its streaming's first look see j-1 alone
+    apiserver.both_streaming.set()  # j-0 streams after j-1 here, not beside it
+    written: list[str] = []
+    assert logs.show_logs("ns", "j", follow=True, write=written.append) == 0
+    assert sorted(written) == ["node-0 | [rank0]: step 1", "node-0 | [rank0]: step 2", "node-1 | [rank1]: step 1"]
 
 
 def test_printing_says_why_a_pod_has_no_output_and_filters_by_rank(apiserver: type[ScriptedApiServer]) -> None:

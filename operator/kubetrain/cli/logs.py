@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,19 +145,32 @@ async def _pod_lines(cluster: Cluster, pod: LogPod, follow: bool) -> AsyncGenera
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def _stream_pods(cluster: Cluster, pods: Sequence[LogPod], rank: int | None, write: Write) -> None:
-    """Follow every pod at once, one task each; each line is written whole (one event loop, no threads)."""
+async def _pump(cluster: Cluster, pod: LogPod, rank: int | None, write: Write) -> None:
+    """Follow one pod; each line is written whole. Any failure ends this pod's stream, and the output says so."""
+    try:
+        async with contextlib.aclosing(_pod_lines(cluster, pod, follow=True)) as lines:
+            async for line in lines:
+                if keep_line(line, rank):
+                    write(prefixed(pod, line))
+    except Exception as error:
+        write(prefixed(pod, f"(log stream failed: {type(error).__name__}: {error})"))
 
-    async def pump(pod: LogPod) -> None:
-        try:
-            async with contextlib.aclosing(_pod_lines(cluster, pod, follow=True)) as lines:
-                async for line in lines:
-                    if keep_line(line, rank):
-                        write(prefixed(pod, line))
-        except Exception as error:  # any failure ends this pod's stream, and the output says so
-            write(prefixed(pod, f"(log stream failed: {type(error).__name__}: {error})"))
 
-    await asyncio.gather(*(pump(pod) for pod in pods))
+async def _stream_attempt(cluster: Cluster, job: Mapping[str, Json], attempt: int, rank: int | None,
+                          write: Write) -> None:
+    """Follow every pod of ``attempt`` at once (one task each, one event loop), also a pod made after the first
+    look: a gang's pods are created together, but a listing can come between two of the creates (a follow then
+    showed node 1 alone for a whole attempt). Ends once every followed pod has ended and a last look finds no
+    other."""
+    pumps: dict[str, asyncio.Task[None]] = {}
+    while True:
+        _, pods = pods_of_attempt(await cluster.pods(job), attempt)
+        new = [pod for pod in pods if pod.name not in pumps]
+        for pod in new:
+            pumps[pod.name] = asyncio.create_task(_pump(cluster, pod, rank, write))
+        if not new and all(task.done() for task in pumps.values()):
+            return
+        await asyncio.wait(pumps.values(), timeout=POLL_SECONDS or None)
 
 
 async def _print_attempt(cluster: Cluster, job: Mapping[str, Json], attempt: int | None, rank: int | None,
@@ -199,7 +212,7 @@ async def _follow(cluster: Cluster, name: str, attempt: int | None, rank: int | 
         if pods and chosen is not None and chosen not in shown:
             if shown:
                 write(f"--- attempt {chosen} ---")
-            await _stream_pods(cluster, pods, rank, write)
+            await _stream_attempt(cluster, job, chosen, rank, write)
             shown.add(chosen)
             if attempt is not None:
                 return 0
