@@ -9,6 +9,7 @@ docs/scale.md builds its estimates of a 100,000-job cluster on these figures.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ Json = Any
 JOBS, QUICK_JOBS = 200, 20
 STEADY_S, QUICK_STEADY_S = 120.0, 30.0
 KWOK_NODES = 64  # 8 GPUs each: room for 512 one-GPU pods
+SETTLE_S = 15.0  # after a start or restart: the status writes and events that follow it
 CREATE_GAP_S = 0.02  # the jobs are created one after another, as a queue of users would
 MIB = 1024 * 1024
 
@@ -122,11 +124,11 @@ def _restart(lab: Cluster, watch: PodWatch, jobs: int) -> None:
         jobs, lambda pod: pod["metadata"].get("labels", {}).get(ATTEMPT_LABEL) == "1"))
 
 
-def _requests_for(work: Any, count: Any, settle_s: float = 15.0) -> int:
-    """Requests during ``work`` and the ``settle_s`` after it (the status writes and events that follow)."""
+def _requests_for(work: Callable[[], None], count: Callable[[], int]) -> int:
+    """Requests during ``work`` and the SETTLE_S after it."""
     before = count()
     work()
-    time.sleep(settle_s)
+    time.sleep(SETTLE_S)
     return int(count() - before)
 
 
@@ -171,7 +173,7 @@ def _rss(lab: Cluster) -> int:
 
 def _figures(counted: Counted, steady_s: float) -> list[Figure]:
     jobs = counted.jobs
-    idle_during = counted.idle_per_s * 15.0  # what the idle operator would have sent in a settle time anyway
+    idle_during = counted.idle_per_s * SETTLE_S  # what the idle operator would have sent in that time anyway
     start = (counted.start - idle_during) / jobs
     restart = (counted.restart - idle_during) / jobs
     steady = (counted.steady_per_s - counted.idle_per_s) * 60 / jobs

@@ -162,7 +162,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, me
     await state.pods.ready(namespace)  # its pods are listed: a reconcile before would create them again
     trigger = Trigger("job", logger)
     if state.queue.busy(key):
-        record.body = without_managed_fields(body)  # newer than the running pass's
+        record.body = body  # newer than the running pass's (_read keeps it without its managedFields)
         state.queue.add(key, trigger)
     else:
         await state.queue.run(key, replace(trigger, body=body))

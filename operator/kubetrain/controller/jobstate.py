@@ -38,7 +38,6 @@ TERMINATING_HOLD = 30.0
 OWN_WRITES_KEPT = 4  # resourceVersions of the status writes a job's reconciles made last
 TRIM_INTERVAL = 30.0  # seconds between handing freed memory back to the OS, when reconciles ran meanwhile
 STARTUP_TRIM_DELAY = 3.0  # seconds after start-up (its initial listings done): the first such hand-back
-LOOKED_AT_FOR_PROGRESS = frozenset({api.Phase.RUNNING, api.Phase.STARTING})  # as judgements.next_look_in
 CHECKPOINT_REQUEST_RESULTS: dict[str, str] = {api.Reason.CHECKPOINT_REQUESTED: "taken",
                                               api.Reason.CHECKPOINT_REQUEST_FAILED: "failed"}
 RESTART_REASONS = frozenset({api.Reason.POD_FAILED, api.Reason.DISRUPTED, api.Reason.STALLED,
@@ -228,7 +227,7 @@ class OperatorState:
 
     def periods(self) -> judgements.Periods:
         """How often each job is looked at unprompted (judgements.periods), by the jobs held now."""
-        running = sum(self.phases[phase] for phase in LOOKED_AT_FOR_PROGRESS)
+        running = sum(self.phases[phase] for phase in judgements.PROGRESS_PHASES)
         ended = self.phases[api.Phase.SUCCEEDED] + self.phases[api.Phase.FAILED]  # no look until they change
         config = self.config
         return judgements.periods(config.progress_interval, config.resync_interval, running=running,

@@ -16,10 +16,11 @@ from kubetrain.core import api
 from kubetrain.core.status import PodState, Scrape, owned_by
 from kubetrain.core.status_policy import Event
 
-__all__ = ["Coalescing", "Holder", "Periods", "ScrapeClock", "hands_off", "holder", "name_taken_message",
-           "needs_namespace_probe", "next_look_in", "periods", "scrape_address"]
+__all__ = ["PROGRESS_PHASES", "Coalescing", "Holder", "Periods", "ScrapeClock", "hands_off", "holder",
+           "name_taken_message", "needs_namespace_probe", "next_look_in", "periods", "scrape_address"]
 
 Json = Any
+PROGRESS_PHASES = frozenset({api.Phase.RUNNING, api.Phase.STARTING})  # rank 0's progress is read in these
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ScrapeClock:
     failures: int = 0  # consecutive failed reads
 
     def due(self, phase: str | None, *, now: float, interval: float, recheck: float) -> bool:
-        if phase not in (api.Phase.RUNNING, api.Phase.STARTING):
+        if phase not in PROGRESS_PHASES:
             return False
         wait = recheck if self.failures == 1 else interval
         return now - self.last >= wait
@@ -139,6 +140,6 @@ def next_look_in(phase: str | None, *, requeue_after: float | None, deletes: boo
     if phase in (api.Phase.SUCCEEDED, api.Phase.FAILED) and requeue_after is None and not deletes:
         return None
     delays = [resync, *(d for d in (write_in, requeue_after) if d is not None)]
-    if phase in (api.Phase.RUNNING, api.Phase.STARTING):
+    if phase in PROGRESS_PHASES:
         delays.append(progress)
     return min(delays)
