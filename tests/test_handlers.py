@@ -30,6 +30,8 @@ from kubetrain.core.queueing import POD_SET, QUEUE_LABEL
 from kubetrain.core.status import Progress, Scrape, pod_state
 from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Event
 from kubetrain.k8s.kube import ApiError, Kube
+from kubetrain.k8s.lanes import in_routine_lane
+from kubetrain.k8s.transport import LIST_PAGE
 from tests.invalid_specs import base_job
 from tests.operator_rights import client_methods_used
 from tests.pods import pod
@@ -50,9 +52,11 @@ class FakeCluster:
     workloads: dict[str, Json] = field(default_factory=dict)  # Kueue's Workloads, by name
     flavors: dict[str, Json] = field(default_factory=dict)  # Kueue's ResourceFlavors, by name
     nodes: list[str] = field(default_factory=lambda: ["node-0", "node-1", "node-2"])  # all Ready
+    lanes: list[str] = field(default_factory=list)  # each call's lane (k8s/lanes.py)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(name)
+        self.lanes.append("routine" if in_routine_lane() else "prompt")
         if name in self.faults:
             self.faults[name]()
         # A copy, as if it came over the wire.
@@ -171,10 +175,10 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., jobstate.Ope
     caplog.set_level(logging.DEBUG)
 
     def reconcile(cluster: FakeCluster, state: jobstate.OperatorState | None = None,
-                  indexed: list[Json] | None = None,
-                  config: OperatorConfig = WRITE_AT_ONCE) -> jobstate.OperatorState:
+                  indexed: list[Json] | None = None, config: OperatorConfig = WRITE_AT_ONCE,
+                  trigger: jobstate.Trigger = TRIGGER) -> jobstate.OperatorState:
         """``state``: the operator's so far (default: a fresh one, with ``config``); ``indexed``: the pods its
-        watch has shown (default: all of the cluster's)."""
+        watch has shown (default: all of the cluster's); ``trigger``: what queued the pass (a job's event)."""
         kube._core = _Client(cluster)  # type: ignore[assignment]
         kube._custom = _Client(cluster)  # type: ignore[assignment]
         kube._kueue = _Client(cluster)  # type: ignore[assignment]
@@ -185,7 +189,7 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., jobstate.Ope
             posting.settings_var.set(kopf.OperatorSettings())
             current = state or fresh_state(kube, config)
             current.pods = shown(cluster.pods if indexed is None else indexed)
-            await current.queue.run(KEY, TRIGGER)
+            await current.queue.run(KEY, trigger)
             return current
 
         return asyncio.run(once())
@@ -354,6 +358,40 @@ def rewind_scrape(state: jobstate.OperatorState, seconds: float) -> None:
     """As if the last scrape of the job were ``seconds`` longer ago."""
     clock = state.records[KEY].scrape
     state.records[KEY].scrape = ScrapeClock(last=clock.last - seconds, failures=clock.failures)
+
+
+def test_a_jobs_next_look_is_routine_and_its_calls_wait_in_the_routine_lane(run: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a burst, thousands of looks come due at once: a job created then must not wait behind them."""
+    async def refused(*_: Any, **__: Any) -> Scrape:
+        return Scrape(error="connection refused")
+    monkeypatch.setattr(handlers, "fetch_progress", refused)
+    cluster = FakeCluster(job_body())
+    state = run(cluster)  # a job's event: its Service, pods and first status
+    assert cluster.lanes and set(cluster.lanes) == {"prompt"}
+    cluster.pods = [pod(i) for i in range(2)]
+    for p in cluster.pods:
+        p["metadata"]["labels"]["kubetrain.io/job-uid"] = "uid-1"
+        p["status"]["podIP"] = "10.0.0.1"
+    scheduled = []
+    monkeypatch.setattr(state.queue, "reschedule", lambda key, delay, reason: scheduled.append(reason))
+    run(cluster, state, trigger=handlers.TIMER)  # its pods run: a retry's pass writes Running
+    assert scheduled and scheduled[-1].routine, "a running job's next look waits in the routine lane"
+    cluster.lanes.clear()
+    rewind_scrape(state, SCRAPE_RECHECK_SECONDS)
+    run(cluster, state, trigger=scheduled[-1])  # the look: rank 0 read twice in vain, ProgressKnown written
+    assert cluster.calls[-1] == "patch_namespaced_custom_object_status"
+    assert cluster.lanes and set(cluster.lanes) == {"routine"}
+
+
+def test_a_look_that_finds_a_gang_to_restart_makes_its_calls_in_the_prompt_lane(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    cluster.pods = [pod(0, "Failed", exit_code=1), pod(1)]
+    cluster.lanes.clear()
+    run(cluster, state, trigger=handlers.LOOK)  # the failure seen by a look, before the pod's own event
+    assert "delete_namespaced_pod" in cluster.calls
+    assert cluster.lanes and set(cluster.lanes) == {"prompt"}
 
 
 def test_the_client_methods_called_are_the_ones_derived_from_the_code(run: Any) -> None:
@@ -596,6 +634,7 @@ def test_startup_settings_are_current_kopf_settings_and_free_quiet_workers_soon(
     assert not deprecated
     assert settings.queueing.idle_timeout <= 1.0, "each quiet job's worker would hold its last event for seconds"
     assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({})) is None
+    assert settings.watching.chunk_size == LIST_PAGE, "kopf's lists of the jobs are paged as the operator's own"
 
 
 def test_a_namespaces_pod_watch_is_let_go_with_its_last_job() -> None:

@@ -21,6 +21,7 @@ from aiohttp import web
 from kubetrain.core import api
 from kubetrain.k8s import kube, transport
 from kubetrain.k8s.kube import ApiError, ConflictError, CreateError, JobGoneError, Kube, VersionGoneError, api_failure
+from kubetrain.k8s.lanes import Slots, routine_calls
 
 Json = Any
 JOBS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/ns/{api.PLURAL}"
@@ -440,3 +441,74 @@ async def _caught(call: Awaitable[Any]) -> Any:
 @pytest.mark.parametrize(("header", "wait"), [(None, 1.0), (0.0, 0.1), (3.0, 3.0), (120.0, 10.0)])
 def test_the_wait_after_a_429_is_what_the_server_asked_within_bounds(header: float | None, wait: float) -> None:
     assert transport.throttled_wait(header) == wait
+
+
+def test_a_prompt_call_takes_the_next_free_slot_before_routine_calls_that_waited_longer() -> None:
+    """After a burst, thousands of routine looks write statuses: a new job's calls go before them (lanes.py)."""
+    gate = asyncio.Event()
+    answered: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path == "/first":
+            await gate.wait()  # holds the only slot until every other call waits for it
+        answered.append(request.path)
+        return web.json_response({})
+
+    async def calls(rest: transport.Rest) -> None:
+        with routine_calls():
+            first = asyncio.create_task(rest.request("GET", "/first"))
+            routine = [asyncio.create_task(rest.request("GET", f"/routine-{n}")) for n in range(3)]
+        await asyncio.sleep(0.1)
+        prompt = asyncio.create_task(rest.request("GET", "/prompt"))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(first, *routine, prompt)
+
+    asyncio.run(with_server(handle, 1, calls))
+    assert answered == ["/first", "/prompt", "/routine-0", "/routine-1", "/routine-2"]
+
+
+def test_a_call_cancelled_while_it_waits_for_a_slot_leaves_every_slot_to_the_others() -> None:
+    async def calls() -> list[Any]:
+        slots = Slots(1)
+        async with slots.held():
+            waiting = [asyncio.create_task(_hold(slots)) for _ in range(3)]
+            await asyncio.sleep(0)  # all three wait
+            waiting[0].cancel()  # cancelled in the queue
+            await asyncio.sleep(0)
+        waiting[1].cancel()  # handed the slot as the block ended, and cancelled before it ran: the slot passes on
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        async with slots.held():  # and is free again
+            return [*(type(result).__name__ for result in results), slots.waiting()]
+
+    assert asyncio.run(asyncio.wait_for(calls(), 2)) == ["CancelledError", "CancelledError", "str", (0, 0)]
+
+
+async def _hold(slots: Slots) -> str:
+    async with slots.held():
+        await asyncio.sleep(0)
+    return "held"
+
+
+def test_routine_calls_hold_at_most_their_share_of_the_slots_and_prompt_calls_take_the_rest() -> None:
+    async def calls() -> list[str]:
+        slots, order = Slots(4, routine_max=1), []
+        first_done = asyncio.Event()
+
+        async def call(name: str, routine: bool, until: asyncio.Event | None = None) -> None:
+            with routine_calls(routine):
+                async with slots.held():
+                    order.append(name)
+                    if until is not None:
+                        await until.wait()
+
+        tasks = [asyncio.create_task(call("routine-0", True, first_done)),
+                 asyncio.create_task(call("routine-1", True))]
+        await asyncio.sleep(0.01)
+        order.append(f"waiting {slots.waiting()}")  # routine-1 waits with 3 slots free
+        await asyncio.create_task(call("prompt", False))  # takes one of them at once
+        first_done.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(asyncio.wait_for(calls(), 2)) == ["routine-0", "waiting (0, 1)", "prompt", "routine-1"]

@@ -270,3 +270,45 @@ def test_a_waiting_timer_keeps_no_context_of_its_caller() -> None:
         queue.close()
 
     on_a_loop(test)
+
+
+def is_routine(reason: str) -> bool:
+    return reason.startswith("look")
+
+
+def test_a_free_worker_takes_a_prompt_key_before_routine_keys_that_came_first() -> None:
+    recorder = Recorder(hold=asyncio.Event())
+    queue: WorkQueue[str, str] = WorkQueue(recorder, backoff=doubling, workers=1, routine=is_routine)
+
+    async def test() -> None:
+        assert recorder.hold is not None
+        queue.add("busy", "job event")  # holds the only worker
+        await asyncio.sleep(0.01)
+        for n in range(3):
+            queue.add(f"running-{n}", "look")
+        queue.add("new", "job event")
+        queue.add("running-2", "pod changed")  # someone now waits on it: to the prompt lane, behind "new"
+        recorder.hold.set()
+        await queue.drained()
+
+    on_a_loop(test)
+    assert recorder.passes == [("busy", "job event"), ("new", "job event"), ("running-2", "pod changed"),
+                               ("running-0", "look"), ("running-1", "look")]
+
+
+def test_a_routine_pass_to_follow_the_running_one_becomes_prompt_when_someone_waits_on_it() -> None:
+    recorder = Recorder(hold=asyncio.Event())
+    queue: WorkQueue[str, str] = WorkQueue(recorder, backoff=doubling, workers=1, routine=is_routine)
+
+    async def test() -> None:
+        assert recorder.hold is not None
+        queue.add("a", "look")
+        await asyncio.sleep(0.01)
+        queue.add("a", "look again")
+        queue.add("a", "pod changed")
+        queue.add("a", "look once more")
+        recorder.hold.set()
+        await queue.drained()
+
+    on_a_loop(test)
+    assert recorder.passes == [("a", "look"), ("a", "pod changed")]

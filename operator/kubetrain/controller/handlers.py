@@ -47,7 +47,14 @@ from kubetrain.core.manifests import build_pod, owner_reference
 from kubetrain.core.nodes import excluded_names, needs_ready_nodes, ready_node_names
 from kubetrain.core.spec import SpecError, TrainingJob
 from kubetrain.core.status import PodState, Scrape, merge_patch
-from kubetrain.core.status_policy import SCRAPE_RECHECK_SECONDS, Decision, Event, may_wait, must_persist_before_acting
+from kubetrain.core.status_policy import (
+    SCRAPE_RECHECK_SECONDS,
+    Decision,
+    Event,
+    changes_course,
+    may_wait,
+    must_persist_before_acting,
+)
 from kubetrain.k8s.kube import (
     ConflictError,
     JobGoneError,
@@ -56,6 +63,7 @@ from kubetrain.k8s.kube import (
     api_failure,
     login,
 )
+from kubetrain.k8s.lanes import prompt_from_here, routine_calls
 from kubetrain.k8s.nodewatch import NodeWatch
 from kubetrain.k8s.podwatch import PodWatch
 from kubetrain.k8s.scrape import ask_checkpoint, fetch_progress, fetch_stacks
@@ -68,7 +76,8 @@ T = TypeVar("T")
 JOB = (api.GROUP, api.VERSION, api.PLURAL)
 POD_CHANGE = Trigger("pod", logging.getLogger("kubetrain.pods"))
 NODE_NOTICE = Trigger("node notice", logging.getLogger("kubetrain.nodes"))
-TIMER = Trigger("timer", logging.getLogger("kubetrain.scheduler"))
+TIMER = Trigger("timer", logging.getLogger("kubetrain.scheduler"))  # a retry, or a look again in a moment
+LOOK = replace(TIMER, routine=True)  # the job's next look (_schedule): its progress, a resync
 CONFLICT_RETRY = 0.5  # seconds: the job changed while we reconciled it; read it again soon
 # How long the first job waits for the operator's first list of the nodes (which say whether pods may restart in
 # place); an operator without the right to list nodes goes on without (no restart in place).
@@ -85,8 +94,9 @@ def operator_state(config: OperatorConfig, kube: Kube, http: aiohttp.ClientSessi
     state = OperatorState(config=config, kube=kube, http=http, pods=pods)
 
     async def process(key: Key, trigger: Trigger) -> None:
-        await _reconcile_measured(state, key, trigger)
-    state.queue = WorkQueue(process, backoff=retry_delay, workers=config.workers)
+        with routine_calls(trigger.routine):
+            await _reconcile_measured(state, key, trigger)
+    state.queue = WorkQueue(process, backoff=retry_delay, workers=config.workers, routine=lambda t: t.routine)
     return state
 
 
@@ -288,6 +298,8 @@ async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, j
     decide = functools.partial(reconcile, job, before, pods, now, progress, queue=gate.admission, ready_nodes=ready,
                                notices=state.notices)
     decision = await _decided(state, job, before, pods, decide=decide, now=now)
+    if changes_course(before, decision):
+        prompt_from_here()  # a look that finds the job to act on (a stalled gang to restart): someone waits now
     if await _went_with_its_namespace(state, job, decision):
         raise NamespaceTerminatingError(f"namespace {job.namespace} is being deleted")
     written_first = must_persist_before_acting(before, decision)
@@ -443,4 +455,4 @@ def _schedule(state: OperatorState, key: Key, decision: Decision, write_by: floa
     if delay is None:
         state.queue.cancel(key)  # nothing left to do until the job changes
     else:
-        state.queue.reschedule(key, delay, TIMER)
+        state.queue.reschedule(key, delay, LOOK)

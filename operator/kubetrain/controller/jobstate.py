@@ -72,11 +72,13 @@ class PodIndex(Protocol):
 class Trigger:
     """What queued a job's reconcile: ``name`` labels its metrics; its messages go to ``logger`` (for a job's own
     event, kopf's logger of the job, which also posts them as its events); ``body``: the job as that event
-    showed it (None: the reconcile reads it)."""
+    showed it (None: the reconcile reads it); ``routine``: a look nobody waits on, served after the rest
+    (k8s/lanes.py)."""
 
     name: str
     logger: HandlerLogger
     body: Json | None = None
+    routine: bool = False
 
 
 @dataclass

@@ -41,6 +41,7 @@ __all__ = [
     "Decision",
     "Draft",
     "Event",
+    "changes_course",
     "clean_up_finished",
     "find_condition",
     "finish",
@@ -330,6 +331,13 @@ def record_gpu_seconds(draft: Draft, pods: Sequence[PodState]) -> None:
 
 
 # --- When the status is written --------------------------------------------------------------------------
+
+
+def changes_course(before: Mapping[str, Json], decision: Decision) -> bool:
+    """Whether the decision acts (pods created or deleted, the job deleted) or moves the phase: what a routine
+    look (k8s/lanes.py) finds then is work someone waits on."""
+    acts = decision.create or decision.delete or decision.force_delete or decision.delete_job
+    return bool(acts) or before.get("phase") != decision.status.get("phase")
 
 
 def must_persist_before_acting(before: Mapping[str, Json], decision: Decision) -> bool:

@@ -21,6 +21,7 @@ import kopf
 
 from kubetrain.core import api
 from kubetrain.k8s.exec_login import with_exec_credentials
+from kubetrain.k8s.lanes import Slots
 
 __all__ = ["ApiError", "Login", "Rest", "VersionGoneError", "login"]
 
@@ -41,6 +42,8 @@ NAMESPACE_TERMINATING = "NamespaceTerminating"  # a StatusCause: no new objects 
 # wait for a free connection of its pool, and a 4,096-pod gang's creates queued there past 10 s and failed as
 # "Connection timeout" with the API server answering well.
 CONNECT_TIMEOUT = 10
+# Routine calls (lanes.py) hold at most a quarter of the connection slots (at least one).
+ROUTINE_SHARE_DIVISOR = 4
 REQUEST_TIMEOUT = 60
 # The API server takes a request's User-Agent (up to the "/") as the field manager of what it writes.
 USER_AGENT = f"{api.OPERATOR_COMPONENT}/{api.RELEASE}"
@@ -129,7 +132,7 @@ class Rest:
         self._info = login()
         self._headers = _headers(self._info)
         self._connections = connections
-        self._slots: asyncio.Semaphore | None = None  # made with the session, in the loop that uses it
+        self._slots: Slots | None = None  # made with the session, in the loop that uses it
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
 
@@ -191,12 +194,13 @@ class Rest:
 
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Json = None, content_type: str = JSON) -> Json:
-        """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens)."""
+        """The answer's JSON; ApiError for an error status. A 401 logs in again once (rotated tokens). The call
+        waits for a slot in its caller's lane (lanes.py)."""
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self._connections)
+            self._slots = Slots(self._connections, routine_max=self._connections // ROUTINE_SHARE_DIVISOR)
         for attempt in range(THROTTLED_RETRIES + 1):
             try:
-                async with self._slots:  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
+                async with self._slots.held():  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
                     return await self._request(method, path, params, body, content_type)
             except ApiError as error:
                 if error.status != HTTP_TOO_MANY_REQUESTS or attempt == THROTTLED_RETRIES:

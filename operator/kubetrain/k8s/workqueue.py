@@ -3,7 +3,8 @@
 A key is processed by one worker at a time; a key added again while it is processed is processed once more
 after (the triggers of a 512-pod gang's creation make a few passes, not 512). Keys added for later wait on a
 timer of their own (``loop.call_at``), never a poll; a failed key comes back after a backoff that grows with
-its consecutive failures, until it succeeds or is forgotten.
+its consecutive failures, until it succeeds or is forgotten. Ready keys wait in two lanes (lanes.py): a free
+worker takes the oldest prompt key, and a routine one only when no prompt key waits.
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ LOGGER = logging.getLogger("kubetrain.k8s.workqueue")
 
 class WorkQueue(Generic[K, R]):
     """Keys to process with ``process(key, reason)``; ``reason`` says what queued the key (its first add since
-    it was last processed). ``backoff(failures)``: seconds before the retry of a key that failed that often.
-    Ready keys are served by up to ``workers`` tasks, started as keys come and ended when none is left."""
+    it was last processed, or its first prompt one after routine ones). ``backoff(failures)``: seconds before
+    the retry of a key that failed that often. Ready keys are served by up to ``workers`` tasks, started as keys
+    come and ended when none is left; ``routine(reason)`` says which keys wait in the routine lane."""
 
     def __init__(self, process: Callable[[K, R], Awaitable[None]], *, backoff: Callable[[int], float],
-                 workers: int = 16) -> None:
+                 workers: int = 16, routine: Callable[[R], bool] = lambda _: False) -> None:
         self._process = process
         self._backoff = backoff
+        self._routine = routine
         self._workers_max = workers
         self._workers: set[asyncio.Task[None]] = set()
-        self._ready: deque[K] = deque()
-        self._queued: dict[K, R] = {}  # ready keys, with why (the deque may hold a key run meanwhile)
+        self._ready: tuple[deque[K], deque[K]] = (deque(), deque())  # the prompt lane, the routine lane
+        self._queued: dict[K, R] = {}  # ready keys, with why (a lane may hold a key run or moved meanwhile)
         self._active: set[K] = set()
         self._again: dict[K, R] = {}  # added while active: once more after
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
@@ -46,11 +49,23 @@ class WorkQueue(Generic[K, R]):
     def add(self, key: K, reason: R) -> None:
         """Process ``key`` soon (once more after the pass that runs now, if one does)."""
         if key in self._active:
-            self._again.setdefault(key, reason)
+            self._once_more(key, reason)
         elif key not in self._queued:
             self._queued[key] = reason
-            self._ready.append(key)
+            self._ready[self._routine(reason)].append(key)
             self._start_workers()
+        elif self._moves_up(self._queued[key], reason):
+            self._queued[key] = reason
+            self._ready[False].append(key)
+
+    def _once_more(self, key: K, reason: R) -> None:
+        """One more pass after the running one, for the first reason, or the first prompt one after routine ones."""
+        if key not in self._again or self._moves_up(self._again[key], reason):
+            self._again[key] = reason
+
+    def _moves_up(self, queued: R, reason: R) -> bool:
+        """Whether a key queued for a routine reason goes to the prompt lane: someone now waits on it."""
+        return self._routine(queued) and not self._routine(reason)
 
     def add_at(self, key: K, when: float, reason: R) -> None:
         """Process ``key`` at ``when`` (time.monotonic()), or at an earlier time already asked for."""
@@ -124,7 +139,7 @@ class WorkQueue(Generic[K, R]):
         """Process ``key`` in the caller's task now, as a worker would; if a pass of it runs, once more after
         that instead (and return at once)."""
         if key in self._active:
-            self._again.setdefault(key, reason)
+            self._once_more(key, reason)
             return
         self._queued.pop(key, None)
         self._active.add(key)
@@ -167,10 +182,7 @@ class WorkQueue(Generic[K, R]):
 
     async def _work(self) -> None:
         try:
-            while self._ready:
-                key = self._ready.popleft()
-                if key not in self._queued:
-                    continue  # run by a caller meanwhile, or forgotten
+            while (key := self._next_ready()) is not None:
                 await self.run(key, self._queued[key])
                 # A pass with nothing to write awaits nothing: without this, 200 keys due at once (jobs created
                 # together, so resynced together) would hold every other event for their whole run.
@@ -178,6 +190,16 @@ class WorkQueue(Generic[K, R]):
         finally:  # in the step that saw nothing left, so a key added next starts a worker
             self._workers.discard(cast("asyncio.Task[None]", asyncio.current_task()))
             self._note_idle()
+
+    def _next_ready(self) -> K | None:
+        """The oldest prompt key, else the oldest routine one; None when no key is ready."""
+        for routine, lane in enumerate(self._ready):
+            while lane:
+                key = lane.popleft()
+                if key in self._queued and self._routine(self._queued[key]) == bool(routine):
+                    return key
+                # else it was run by a caller meanwhile, forgotten, or moved to the prompt lane
+        return None
 
     def _note_idle(self) -> None:
         if self._queued or self._active or self._workers:
