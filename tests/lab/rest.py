@@ -14,6 +14,7 @@ import requests
 import requests.adapters
 
 JSON = dict[str, Any]
+HTTP_CONFLICT = 409
 
 
 class ApiError(Exception):
@@ -66,7 +67,20 @@ class Rest:
         return True
 
     def post(self, path: str, body: JSON) -> JSON:
-        return self.request("POST", path, body)
+        """Create; once more if the connection closed before any answer (an API server under a burst closes a
+        kept-alive connection as it is reused): then a 409 for a named object means the first create made it."""
+        try:
+            return self.request("POST", path, body)
+        except requests.ConnectionError as error:
+            name = (body.get("metadata") or {}).get("name")
+            if not name or "RemoteDisconnected" not in str(error):
+                raise
+        try:
+            return self.request("POST", path, body)
+        except ApiError as again:
+            if again.status != HTTP_CONFLICT:
+                raise
+            return self.get(f"{path}/{name}")
 
     def put(self, path: str, body: JSON) -> JSON:
         return self.request("PUT", path, body)
