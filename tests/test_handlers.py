@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -508,6 +508,35 @@ def job_event(state: jobstate.OperatorState, body: Json) -> None:
         await handlers.job_changed(event={"type": "MODIFIED", "object": body}, namespace=NAMESPACE, name="valid",
                                    memo={"state": state}, logger=logging.getLogger("kubetrain.test"))
     asyncio.run(changed())
+
+
+def test_a_job_event_while_enough_passes_run_is_queued_with_its_body_alone(run: Any) -> None:
+    """A burst of new jobs: past ``passes_at_once``, kopf's worker of a job queues it and returns, rather
+    than waiting for the API around a pass of its own; the pass that follows takes the event's body."""
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    passes, reads = state.reconciles, cluster.calls.count("get_namespaced_custom_object")
+    assert cluster.job is not None
+    relabelled = copy.deepcopy(cluster.job)
+    relabelled["metadata"] |= {"labels": {"team": "vision"}, "resourceVersion": "100",
+                               "managedFields": [{"manager": "kubectl", "operation": "Update"}]}
+    state.config = replace(state.config, passes_at_once=0)  # as when a burst's passes run
+
+    async def burst() -> None:
+        posting.event_queue_loop_var.set(asyncio.get_running_loop())
+        posting.event_queue_var.set(asyncio.Queue())
+        posting.settings_var.set(kopf.OperatorSettings())
+        await handlers.job_changed(event={"type": "MODIFIED", "object": relabelled}, namespace=NAMESPACE,
+                                   name="valid", memo={"state": state}, logger=logging.getLogger("kubetrain.test"))
+        assert state.reconciles == passes, "the pass ran in kopf's worker"
+        assert "managedFields" not in (state.records[KEY].body or {"metadata": {}})["metadata"]
+        state.config = replace(state.config, passes_at_once=OperatorConfig().passes_at_once)
+        await state.queue.drained()
+    asyncio.run(burst())
+    assert state.reconciles == passes + 1
+    job = state.records[KEY].job
+    assert job is not None and job.labels == {"team": "vision"}
+    assert cluster.calls.count("get_namespaced_custom_object") == reads, "the queued pass read the event's body"
 
 
 class TestActiveJobsAreReadFromMemory:

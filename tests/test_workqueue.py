@@ -221,6 +221,27 @@ def test_workers_are_bounded() -> None:
     assert len(recorder.passes) == 6 and recorder.most_at_once == 2
 
 
+def test_running_counts_the_passes_of_its_workers_and_of_callers_alike() -> None:
+    recorder = Recorder(hold=asyncio.Event())
+    queue: WorkQueue[str, str] = WorkQueue(recorder, backoff=doubling, workers=2)
+
+    async def test() -> None:
+        assert recorder.hold is not None
+        inline = asyncio.create_task(queue.run("job-0", "event"))  # a caller's pass, as a job's kopf worker runs it
+        await asyncio.sleep(0)
+        assert queue.running() == 1
+        for n in (1, 2):
+            queue.add(f"job-{n}", "event")
+        await asyncio.sleep(0.02)
+        assert queue.running() == 3 == len(recorder.running)
+        recorder.hold.set()
+        await inline
+        await queue.drained()
+        assert queue.running() == 0
+
+    on_a_loop(test)
+
+
 def test_keys_due_together_let_other_work_in_between() -> None:
     """200 jobs created together come due together: a new job's event must not wait for all their passes, even
     when a pass awaits nothing (a resync with nothing to write)."""

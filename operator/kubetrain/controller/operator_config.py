@@ -30,6 +30,9 @@ class OperatorConfig:
     # Jobs reconciled at once for pod changes and timers (a job's own events reconcile in kopf's worker): a
     # worker waits mostly on the API, whose connection pool (api_connections) bounds the requests anyway.
     workers: int = 32
+    # Passes run at once before a job's own event waits in the queue rather than running in kopf's worker of the
+    # job: enough to keep the connections busy in a burst of new jobs, few enough that their memory is not held.
+    passes_at_once: int = 512
 
     @property
     def gangs(self) -> bool:

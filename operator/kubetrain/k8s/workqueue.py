@@ -131,6 +131,10 @@ class WorkQueue(Generic[K, R]):
     def busy(self, key: K) -> bool:
         return key in self._active
 
+    def running(self) -> int:
+        """How many passes run now, in its workers and in callers' tasks (``run``)."""
+        return len(self._active)
+
     def again(self, key: K) -> bool:
         """Whether another pass of ``key`` follows the one that runs now (it was added meanwhile)."""
         return key in self._again
