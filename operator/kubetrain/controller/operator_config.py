@@ -27,8 +27,8 @@ class OperatorConfig:
     namespace_patterns: tuple[str, ...] = ()
     all_namespaces: bool = False  # pods are watched cluster-wide (one watch), else namespace by namespace
     coalescing: Coalescing = field(default_factory=Coalescing)  # how long a status change that may wait is held back
-    # Jobs reconciled at once for pod changes and timers (a job's own events reconcile in kopf's worker): a
-    # worker waits mostly on the API, whose connection pool (api_connections) bounds the requests anyway.
+    # Jobs reconciled at once for pod changes, timers and the job events queued past passes_at_once: a worker
+    # waits mostly on the API, whose connection pool (api_connections) bounds the requests anyway.
     workers: int = 32
     # Passes run at once before a job's own event waits in the queue rather than running in kopf's worker of the
     # job: enough to keep the connections busy in a burst of new jobs, few enough that their memory is not held.
