@@ -15,8 +15,9 @@ import concurrent.futures
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.cluster import Cluster, bare_objects
@@ -64,6 +65,8 @@ class OperatorRun:
     burst_cpu_s: float  # the operator's CPU seconds from the first create to every job Running
     hold_cpu_s: float  # and during the HOLD_S that followed
     rss: int  # its resident memory at the end of the hold
+    # kubetrain's own API calls from the first create to every job Running, by "verb resource" (empty for Kubeflow)
+    calls: Counter[str] = field(default_factory=Counter)
 
     @property
     def cpu_s(self) -> float:
@@ -138,25 +141,45 @@ def plain_burst(ctx: Context, lab: Cluster, jobs: int) -> float:
 
 
 def operator_burst(ctx: Context, lab: Cluster, side: Side, jobs: int,
-                   while_present: Callable[[], None] = lambda: None) -> OperatorRun:
+                   while_present: Callable[[], None] = lambda: None, *,
+                   calls: Callable[[], Counter[str]] = Counter) -> OperatorRun:
     """The burst of an operator's jobs, then HOLD_S with every job Running; ``while_present`` runs after that,
-    with every job still there."""
+    with every job still there. ``calls``: the operator's API calls so far, where it counts them."""
     with burst_namespace(ctx, lab, side.key, jobs) as (namespace, pods):
         statuses = Watched(lab, side.plural.format(ns=namespace))
         try:
-            cpu0 = side.cpu_s()
+            cpu0, calls0 = side.cpu_s(), calls()
             t0 = time.monotonic()
             create_concurrently(jobs, lambda number: side.create(lab, namespace, f"j{number}", 1))
             running = pods.wait(f"{side.key}: {jobs} pods Running", all_running(jobs, _any), _timeout(jobs)) - t0
             every_job = statuses.wait(f"{side.key}: {jobs} jobs Running", jobs_running(jobs), _timeout(jobs)) - t0
-            cpu1 = side.cpu_s()
+            cpu1, made = side.cpu_s(), calls() - calls0
             ctx.log(f"{side.key}: every job Running; holding {HOLD_S:.0f} s")
             time.sleep(HOLD_S)
-            measured = OperatorRun(running, every_job, cpu1 - cpu0, side.cpu_s() - cpu1, side.rss())
+            measured = OperatorRun(running, every_job, cpu1 - cpu0, side.cpu_s() - cpu1, side.rss(), made)
         finally:
             statuses.stop()
         while_present()
         return measured
+
+
+def kubetrain_calls(lab: Cluster) -> Counter[str]:
+    """The operator's own API calls so far, any answer, by "verb resource" (its kubetrain_api_requests_total; kopf's
+    watches and event posts are not in it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    calls: Counter[str] = Counter()
+    for family in text_string_to_metric_families(lab.operator.metrics()):
+        for sample in family.samples:
+            if sample.name == "kubetrain_api_requests_total":
+                calls[f"{sample.labels['verb']} {sample.labels['resource']}"] += int(sample.value)
+    return calls
+
+
+def per_job(calls: Counter[str], jobs: int) -> str:
+    """``2.00 calls a job: create pods 1.00, create services 1.00``, most first."""
+    parts = ", ".join(f"{what} {count / jobs:.2f}" for what, count in calls.most_common())
+    return f"{calls.total() / jobs:.2f} calls a job: {parts}"
 
 
 def _any(_: Json) -> bool:
@@ -207,7 +230,7 @@ def _measure(ctx: Context, lab: Cluster, jobs: int) -> list[Figure]:
         theirs, peer_error = kubeflow_burst(ctx, lab, jobs)
         plain = plain_burst(ctx, lab, jobs)
         ours = operator_burst(ctx, lab, one_gpu(kubetrain_side(lab)), jobs, lambda: present.extend(
-            reconcile_samples(ctx, phases, reconcile, "present")))
+            reconcile_samples(ctx, phases, reconcile, "present")), calls=lambda: kubetrain_calls(lab))
     finally:
         phases.stop()
     peer_figures = (_peer_figures(ours, theirs) if theirs is not None
@@ -239,8 +262,10 @@ def _rate_figure(ours: OperatorRun, plain_s: float, theirs: OperatorRun | None, 
         plain_s / ours.running_s,
         f"kubetrain {jobs / ours.running_s:.1f} pods/s ({ours.running_s:.1f} s; every job's status Running at "
         f"{ours.jobs_running_s:.1f} s) / plain client {jobs / plain_s:.1f} pods/s ({plain_s:.1f} s){kubeflow}; "
-        f"{jobs} one-node jobs, {CLIENT_CONNECTIONS} creates at a time",
-        kubetrain_pods_per_s=jobs / ours.running_s, plain_pods_per_s=jobs / plain_s, jobs=jobs)
+        f"{jobs} one-node jobs, {CLIENT_CONNECTIONS} creates at a time; kubetrain's own {per_job(ours.calls, jobs)} "
+        "(the plain client: 2)",
+        kubetrain_pods_per_s=jobs / ours.running_s, plain_pods_per_s=jobs / plain_s, jobs=jobs,
+        kubetrain_calls_per_job=ours.calls.total() / jobs)
 
 
 def _peer_figures(ours: OperatorRun, theirs: OperatorRun) -> list[Figure]:

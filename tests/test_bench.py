@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from bench import burst
 from bench.__main__ import all_benchmarks, main, select
 from bench.registry import Benchmark, Context, FigureSpec
 from bench.report import Figure, Goal, format_figure, format_value, median, percentile, to_json
@@ -211,3 +214,18 @@ def test_peer_suspension_and_object_counts_read_both_kinds() -> None:
     assert not is_suspended({"status": {"conditions": [{"type": "Suspended", "status": "False"}]}})
     assert not is_suspended({})
     assert describe_kinds(Counter({"ConfigMap": 1, "Service": 2, "Pod": 2})) == "2 Pod, 2 Service, 1 ConfigMap"
+
+
+def test_the_operators_calls_per_job_come_from_its_own_request_count() -> None:
+    exposition = "\n".join([
+        "# TYPE kubetrain_api_requests counter",
+        'kubetrain_api_requests_total{verb="create",resource="pods",code="2xx"} 10.0',
+        'kubetrain_api_requests_total{verb="create",resource="pods",code="409"} 2.0',
+        'kubetrain_api_requests_total{verb="patch",resource="trainingjobs/status",code="2xx"} 25.0',
+        'kubetrain_api_requests_created{verb="create",resource="pods",code="2xx"} 1.7e9',
+        "# TYPE kubetrain_pod_creations counter",
+        "kubetrain_pod_creations_total 10.0", ""])
+    lab = SimpleNamespace(operator=SimpleNamespace(metrics=lambda: exposition))
+    calls = burst.kubetrain_calls(lab)  # type: ignore[arg-type]
+    assert calls == Counter({"create pods": 12, "patch trainingjobs/status": 25})
+    assert burst.per_job(calls, 10) == "3.70 calls a job: patch trainingjobs/status 2.50, create pods 1.20"

@@ -17,6 +17,7 @@ import aiohttp
 import kopf
 import pytest
 from aiohttp import web
+from prometheus_client import REGISTRY
 
 from kubetrain.core import api
 from kubetrain.k8s import kube, transport
@@ -512,3 +513,48 @@ def test_routine_calls_hold_at_most_their_share_of_the_slots_and_prompt_calls_ta
         return order
 
     assert asyncio.run(asyncio.wait_for(calls(), 2)) == ["routine-0", "waiting (0, 1)", "prompt", "routine-1"]
+
+
+def _requests_counted(verb: str, resource: str, code: str) -> float:
+    return REGISTRY.get_sample_value("kubetrain_api_requests_total",
+                                     {"verb": verb, "resource": resource, "code": code}) or 0.0
+
+
+def test_each_call_is_counted_by_verb_resource_and_answer() -> None:
+    """kubetrain_api_requests: what the operator asks of the API server, each try of a throttled call included."""
+    path = "/apis/kubetrain.io/v1alpha1/namespaces/counted/trainingjobs/a/status"
+
+    patches: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return web.json_response(status_body(404, "not found"), status=404)
+        patches.append(request.path)
+        if len(patches) == 1:  # the first try is throttled
+            return web.json_response(status_body(429, "too many requests"), status=429, headers={"Retry-After": "0"})
+        return web.json_response({})
+
+    async def calls(rest: transport.Rest) -> None:
+        await rest.request("PATCH", path, body={})
+        await _caught(rest.request("GET", "/api/v1/namespaces/counted/pods/p"))
+
+    expected = {("patch", "trainingjobs/status", "429"): 1, ("patch", "trainingjobs/status", "2xx"): 1,
+                ("get", "pods", "404"): 1}
+    before = {key: _requests_counted(*key) for key in expected}
+    asyncio.run(with_server(handle, 1, calls))
+    assert {key: _requests_counted(*key) - value for key, value in before.items()} == expected
+
+
+@pytest.mark.parametrize(("method", "path", "labels"), [
+    ("POST", "/api/v1/namespaces/a/pods", ("create", "pods")),
+    ("GET", "/api/v1/namespaces/a/pods?labelSelector=x", ("list", "pods")),
+    ("GET", "/api/v1/namespaces/a", ("get", "namespaces")),
+    ("GET", "/api/v1/nodes", ("list", "nodes")),
+    ("DELETE", "/apis/scheduling.k8s.io/v1beta1/namespaces/a/podgroups/g", ("delete", "podgroups")),
+    ("GET", "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/a/localqueues/q/pendingworkloads",
+     ("get", "localqueues/pendingworkloads")),
+    ("GET", "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/f", ("get", "resourceflavors")),
+])
+def test_a_calls_labels_are_the_api_servers_verb_and_resource(method: str, path: str,
+                                                                labels: tuple[str, str]) -> None:
+    assert transport.request_labels(method, path) == labels

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubetrain.core import api
 from tests.lab.images import exec_only_image
@@ -402,7 +403,20 @@ def test_operator_killed_while_50_jobs_are_created_makes_no_duplicates(
     assert all(len(uids) == 1 for uids in seen_uids.values()), seen_uids
     statuses = [jobs.status(name) for name in names]
     assert all(s["restarts"] == 0 and s["attempt"] == 0 for s in statuses)
-    assert "kubetrain_pod_creations_total" in operator.metrics()
+    exposed = samples(operator.metrics())
+    created = exposed[("kubetrain_pod_creations_total", ())]
+    assert created >= 1
+    # Every pod it made is one successful create call in its count of API requests, by verb and resource.
+    assert exposed[("kubetrain_api_requests_total", (("code", "2xx"), ("resource", "pods"), ("verb", "create")))] == (
+        created)
+    assert exposed[("kubetrain_api_requests_total", (("code", "2xx"), ("resource", "trainingjobs/status"),
+                                                     ("verb", "patch")))] >= created
+
+
+def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus' text exposition as {(sample name, sorted labels): value}."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(exposition) for sample in family.samples}
 
 
 # Waits for the second node; when it joins, torchrun re-rendezvous and both workers see WORLD_SIZE=2.

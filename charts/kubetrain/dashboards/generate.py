@@ -95,6 +95,7 @@ OPERATOR_METRICS: dict[str, str] = {
     "kubetrain_pod_replacements_total": "counter",
     "kubetrain_checkpoint_requests_total": "counter",
     "kubetrain_job_goodput_seconds": "gauge",
+    "kubetrain_api_requests_total": "counter",
 }
 
 # NVIDIA DCGM exporter, where the cluster runs it (labels gpu, namespace and pod of the GPU's user, as the
@@ -113,9 +114,10 @@ DCGM_METRICS: dict[str, str] = {
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "service"})
 TRAINER_LABELS = TARGET_LABELS | {"rank", "local_rank", "training_job", "node_index", "phase", "le", "name"}
 # kubetrain_job_goodput_seconds names its job by job_namespace and training_job (its target's namespace is the
-# operator's), with the bucket of status.goodput; kubetrain_checkpoint_requests_total has the result of each.
+# operator's), with the bucket of status.goodput; kubetrain_checkpoint_requests_total has the result of each;
+# kubetrain_api_requests_total the verb, resource and answer code of each call.
 OPERATOR_LABELS = TARGET_LABELS | {"handler", "phase", "reason", "le", "job_namespace", "training_job", "bucket",
-                                   "result"}
+                                   "result", "verb", "resource", "code"}
 DCGM_LABELS = TARGET_LABELS | {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
 
 _SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
@@ -546,14 +548,33 @@ def operator_reconcile_section() -> Section:
     ]
 
 
+def operator_api_section() -> Section:
+    return "API server", [
+        stacked(timeseries_panel(
+            "API requests", "The operator's own calls per second (not kopf's watches and events), by verb and "
+            "resource.", "reqps",
+            (f"sum by (verb, resource) (rate(kubetrain_api_requests_total{RI}))", "{{verb}} {{resource}}"),
+            width=12,
+        )),
+        timeseries_panel(
+            "API errors", "Calls per second that got an error status (429: throttled by API Priority and Fairness, "
+            "tried again) or no answer ('error').", "reqps",
+            (f'sum by (code, resource) (rate(kubetrain_api_requests_total{{code!="2xx"}}{RI}))',
+             "{{code}} {{resource}}"),
+            width=12,
+        ),
+    ]
+
+
 def build_operator() -> model.Dashboard:
     board = new_dashboard(
         "kubetrain-operator",
         "kubetrain / Operator",
-        "The kubetrain operator: jobs by phase, time to running, restarts, and reconcile rate, latency and errors.",
+        "The kubetrain operator: jobs by phase, time to running, restarts, reconcile rate, latency and errors, and "
+        "its calls to the API server.",
     )
     board.variables([datasource_variable()])
-    return with_sections(board, [operator_jobs_section(), operator_reconcile_section()])
+    return with_sections(board, [operator_jobs_section(), operator_reconcile_section(), operator_api_section()])
 
 
 DASHBOARDS: dict[str, Callable[[], model.Dashboard]] = {

@@ -18,12 +18,13 @@ from typing import Any
 
 import aiohttp
 import kopf
+from prometheus_client import Counter
 
 from kubetrain.core import api
 from kubetrain.k8s.exec_login import with_exec_credentials
 from kubetrain.k8s.lanes import Slots
 
-__all__ = ["ApiError", "Login", "Rest", "VersionGoneError", "login"]
+__all__ = ["API_REQUESTS", "ApiError", "Login", "Rest", "VersionGoneError", "login", "request_labels"]
 
 Json = Any
 Login = Callable[[], kopf.ConnectionInfo]
@@ -57,6 +58,28 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"  # custom resources take no strategic merge patch
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # what the official client sends for core kinds
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+API_REQUESTS = Counter("kubetrain_api_requests", "The operator's own calls to the API server (not kopf's watches and "
+                       "events), by verb, resource and answer: 2xx, an error status, or 'error' for no answer.",
+                       ["verb", "resource", "code"])
+# The API server's verbs for a call, by method and whether it names one object.
+_VERBS = {("GET", True): "get", ("GET", False): "list", ("POST", False): "create", ("POST", True): "create",
+          ("PATCH", True): "patch", ("PUT", True): "update", ("DELETE", True): "delete",
+          ("DELETE", False): "deletecollection"}
+
+
+def request_labels(method: str, path: str) -> tuple[str, str]:
+    """The verb and resource (with its subresource) of a call, as the API server's metrics name them:
+    ``PATCH /apis/g/v/namespaces/ns/trainingjobs/a/status`` is ("patch", "trainingjobs/status")."""
+    parts = path.split("?", maxsplit=1)[0].strip("/").split("/")
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:  # not the Namespace object itself
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    named = len(rest) >= 2
+    if len(rest) >= 3:
+        resource += "/" + rest[2]
+    return _VERBS.get((method.upper(), named), method.lower()), resource
 
 
 class ApiError(Exception):
@@ -198,14 +221,21 @@ class Rest:
         waits for a slot in its caller's lane (lanes.py)."""
         if self._slots is None:
             self._slots = Slots(self._connections, routine_max=self._connections // ROUTINE_SHARE_DIVISOR)
+        counted = API_REQUESTS.labels(*request_labels(method, path), "2xx")
         for attempt in range(THROTTLED_RETRIES + 1):
             try:
                 async with self._slots.held():  # the call's timeouts start once it has a slot (CONNECT_TIMEOUT)
-                    return await self._request(method, path, params, body, content_type)
+                    answer = await self._request(method, path, params, body, content_type)
+                counted.inc()
+                return answer
             except ApiError as error:
+                API_REQUESTS.labels(*request_labels(method, path), str(error.status)).inc()
                 if error.status != HTTP_TOO_MANY_REQUESTS or attempt == THROTTLED_RETRIES:
                     raise
                 await asyncio.sleep(throttled_wait(error.retry_after))  # its slot free for other calls meanwhile
+            except (aiohttp.ClientError, TimeoutError):
+                API_REQUESTS.labels(*request_labels(method, path), "error").inc()
+                raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _request(self, method: str, path: str, params: Mapping[str, str] | None, body: Json,
