@@ -33,9 +33,10 @@ VERBS = {"list": "list", "watch": "watch", "read": "get", "get": "get", "create"
 KUBE_USERS = ("controller/handlers.py", "controller/companions.py", "controller/queueing.py", "k8s/podwatch.py",
               "k8s/nodewatch.py")
 # Client object kinds -> (apiGroup, plural): the core kinds the operator makes, its one custom resource, and Kueue's
-# Workloads of the jobs in a Kueue queue.
+# Workloads of the jobs in a Kueue queue, and the positions of those waiting.
 KINDS = {"pod": ("", "pods"), "service": ("", "services"), "custom_object": (api.GROUP, api.PLURAL),
-         "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL), "workload": (KUEUE.GROUP, KUEUE.WORKLOADS)}
+         "pod_group": (api.PODGROUP.GROUP, api.PODGROUP.PLURAL), "workload": (KUEUE.GROUP, KUEUE.WORKLOADS),
+         "local_queue_pending_workloads": (KUEUE.VISIBILITY_GROUP, f"{KUEUE.LOCAL_QUEUES}/{KUEUE.PENDING_WORKLOADS}")}
 # Cluster-scoped kinds it reads (client methods without "namespaced"): what a Kueue admission and priority mean, and
 # which nodes are Ready (a failing node is excluded only while the gang still fits) and which announce a disruption.
 CLUSTER_KINDS = {"resource_flavor": (KUEUE.GROUP, KUEUE.RESOURCE_FLAVORS),

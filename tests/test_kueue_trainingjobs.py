@@ -10,6 +10,7 @@ has no python of its own, so the command names this one).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -76,18 +77,22 @@ def jobs(kueue_lab: Lab, operator: OperatorProcess) -> Iterator[Jobs]:
 
 
 def queued_job(jobs: Jobs, name: str, queue: str = LOCAL_QUEUE, priority_class: str | None = None, *,
-               gpus: int = 4, node_selector: dict[str, str] | None = None) -> Json:
-    """A one-node job of ``gpus`` GPUs in ``queue`` whose pod runs until the file ``release/<name>`` exists."""
+               gpus: int = 4, node_selector: dict[str, str] | None = None, nodes: int = 1,
+               elastic: dict[str, int] | None = None) -> Json:
+    """A job of ``nodes`` nodes (one by default) of ``gpus`` GPUs in ``queue`` whose pods run until the file
+    ``release/<name>`` exists."""
     release = jobs.lab.run_dir / "release"
     release.mkdir(exist_ok=True)
     wait = f"import os, time\nwhile not os.path.exists('/release/{name}'):\n    time.sleep(0.2)\n"
     body = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
-            "spec": {"nodes": 1, "gpusPerNode": gpus, "image": IMAGE, "command": [sys.executable, "-c", wait],
+            "spec": {"nodes": nodes, "gpusPerNode": gpus, "image": IMAGE, "command": [sys.executable, "-c", wait],
                      "resources": {"cpu": "100m", "memory": "256Mi", "sharedMemory": "16Mi"},
                      "volumes": [{"name": "release", "hostPath": {"path": str(release), "type": "Directory"}}],
                      "volumeMounts": [{"name": "release", "mountPath": "/release"}],
                      "runPolicy": {"terminationGracePeriodSeconds": 5}}}
+    if elastic is not None:
+        body["spec"]["elastic"] = elastic
     scheduling = {"priorityClassName": priority_class, "nodeSelector": node_selector}
     if any(scheduling.values()):
         body["spec"]["scheduling"] = {key: value for key, value in scheduling.items() if value}
@@ -157,6 +162,74 @@ def test_a_job_waits_queued_for_quota_and_starts_when_the_running_one_ends(jobs:
     release(jobs, "second")
     jobs.wait_phase("second", "Succeeded", timeout=60)
     assert read_admission(workload_of(jobs, second)).state == "Finished"
+
+
+def position(status: Json) -> Json:
+    return status.get("queuePosition")
+
+
+def test_a_waiting_job_shows_its_place_in_the_queue_from_kueues_visibility_api(jobs: Jobs) -> None:
+    """Kueue's visibility API, served through the lab apiserver's aggregation layer and read with the chart's
+    rights: each waiting job's position in its LocalQueue and ClusterQueue, moving up as the jobs ahead start."""
+    names = ("ahead", "next", "after")
+    try:
+        queued_job(jobs, "ahead")
+        jobs.wait_phase("ahead", "Running", timeout=90)
+        queued_job(jobs, "next")
+        queued_job(jobs, "after")
+        waiting = {name: position(jobs.wait(name, lambda s: position(s) is not None, "a position", timeout=45))
+                   for name in ("next", "after")}
+        # Kueue orders by creation, to the second (then by name): whichever it lists first is admitted first.
+        first, second = sorted(waiting, key=lambda name: waiting[name]["localQueue"])
+        assert [waiting[first], waiting[second]] == [{"localQueue": 1, "clusterQueue": 1},
+                                                     {"localQueue": 2, "clusterQueue": 2}], waiting
+        assert jobs.status(first)["message"].startswith(
+            f"queued in Kueue LocalQueue {LOCAL_QUEUE} at position 1 (1 in its ClusterQueue): ")
+        shown = jobs.lab.kubectl("get", "tj", second, "-n", NAMESPACE, "-o", "wide").stdout.splitlines()
+        assert (column(shown, "PHASE"), column(shown, "POSITION")) == ("Queued", "2"), shown
+
+        release(jobs, "ahead")
+        status = jobs.wait(first, lambda s: s.get("phase") == "Running", "Running", timeout=60)
+        assert "queuePosition" not in status, "a position holds only while the job waits"
+        assert jobs.status(second)["phase"] == "Queued"
+        # Nothing of its own changes: the move is seen at the job's next look (within the 30 s resync) and read
+        # again from Kueue.
+        jobs.wait(second, lambda s: position(s) == {"localQueue": 1, "clusterQueue": 1}, "position 1", timeout=45)
+    finally:
+        for name in names:
+            release(jobs, name)
+        for name in names:
+            with contextlib.suppress(Exception):
+                jobs.lab.api.delete(f"{jobs.base}/{name}")
+        wait_for(lambda: not any(jobs.lab.api.exists(f"{jobs.base}/{name}") for name in names), 60,
+                 "the position test's jobs gone (their quota free for the next tests)", interval=0.5)
+
+
+def test_an_elastic_job_is_admitted_in_part_and_runs_with_the_pods_kueue_admitted(jobs: Jobs) -> None:
+    """Kueue's partial admission: an elastic job of 4 one-GPU nodes (at least 2), with 2 of the ClusterQueue's 4 GPUs
+    taken, is admitted for 2 and runs with 2 pods, not waiting for 4."""
+    names = ("holder", "elastic")
+    try:
+        queued_job(jobs, "holder", gpus=2)
+        jobs.wait_phase("holder", "Running", timeout=90)
+        job = queued_job(jobs, "elastic", gpus=1, nodes=4, elastic={"minNodes": 2, "maxNodes": 4})
+        status = jobs.wait_phase("elastic", "Running", timeout=90)
+        assert len(jobs.pods("elastic")) == 2, [p["metadata"]["name"] for p in jobs.pods("elastic")]
+        workload = workload_of(jobs, job)
+        assert (workload["spec"]["podSets"][0]["count"], workload["spec"]["podSets"][0]["minCount"]) == (4, 2)
+        assert workload["status"]["admission"]["podSetAssignments"][0]["count"] == 2
+        assert admitted(status)["message"] == (f"admitted by Kueue in ClusterQueue {CLUSTER_QUEUE} for 2 of 4 nodes "
+                                               "(partial admission of an elastic job: the quota left no room for "
+                                               "more)")
+        assert status["nodes"]["desired"] == 2, status["nodes"]
+    finally:
+        for name in names:
+            release(jobs, name)
+        for name in names:
+            with contextlib.suppress(Exception):
+                jobs.lab.api.delete(f"{jobs.base}/{name}")
+        wait_for(lambda: not any(jobs.lab.api.exists(f"{jobs.base}/{name}") for name in names), 60,
+                 "the partial admission test's jobs gone", interval=0.5)
 
 
 def test_a_queue_that_does_not_exist_is_said_at_once_and_holds_nothing(jobs: Jobs) -> None:

@@ -4,6 +4,7 @@ shape the lab's Kueue v0.17.0 wrote (docs/lab.md, "The Workload API that Kueue v
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,12 +18,14 @@ from kubetrain.core.queueing import (
     QUEUE_LABEL,
     Admission,
     Placement,
+    QueuePosition,
     QueueState,
     build_workload,
     finished_patch,
     placed,
     placement,
     pods_ready_patch,
+    positions,
     queue_name,
     read_admission,
     release_patch,
@@ -78,7 +81,7 @@ class TestTheWorkload:
 
     def test_one_pod_set_of_every_node_with_the_pods_resources_owned_by_the_job(self) -> None:
         the_job = job()
-        body = build_workload(the_job, build_pod(the_job, 0, 0), priority=None)
+        body = build_workload(the_job, build_pod(the_job, 0, 0), priority=0)
         assert body["apiVersion"] == "kueue.x-k8s.io/v1beta2" and body["kind"] == "Workload"
         assert body["metadata"]["namespace"] == "team-a"
         assert body["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == "uid-1"  # Kueue's messages name the job
@@ -92,7 +95,16 @@ class TestTheWorkload:
         resources = pod_set["template"]["spec"]["containers"][0]["resources"]
         assert resources["requests"]["nvidia.com/gpu"] == "4" and resources["requests"]["cpu"] == "1"
         assert "hostname" not in pod_set["template"]["spec"]  # one template for every node
-        assert "priority" not in spec and "priorityClassRef" not in spec
+        # Always set, as Kueue's own integrations set it (its visibility API fails without it).
+        assert spec["priority"] == 0 and "priorityClassRef" not in spec
+
+    def test_an_elastic_job_may_be_admitted_from_its_minimum(self) -> None:
+        elastic = job(nodes=4, elastic={"minNodes": 2, "maxNodes": 4})
+        [pod_set] = build_workload(elastic, build_pod(elastic, 0, 0), priority=0)["spec"]["podSets"]
+        assert (pod_set["count"], pod_set["minCount"]) == (4, 2)
+        at_its_minimum = job(nodes=2, elastic={"minNodes": 2, "maxNodes": 4})
+        [pod_set] = build_workload(at_its_minimum, build_pod(at_its_minimum, 0, 0), priority=0)["spec"]["podSets"]
+        assert pod_set["count"] == 2 and "minCount" not in pod_set
 
     def test_the_priority_class_and_its_value(self) -> None:
         the_job = job(scheduling={"priorityClassName": "high"})
@@ -108,7 +120,7 @@ class TestTheWorkload:
     def test_an_elastic_job_resized_while_waiting_updates_the_count(self) -> None:
         the_job = job(nodes=3, elastic={"minNodes": 1, "maxNodes": 4})
         patch = workload_spec_patch(workload(condition("QuotaReserved", False, "Pending")), the_job)
-        assert patch is not None and patch["spec"] == {"podSets": [{"name": POD_SET, "count": 3}]}
+        assert patch is not None and patch["spec"] == {"podSets": [{"name": POD_SET, "count": 3, "minCount": 1}]}
         assert patch["metadata"]["resourceVersion"] == "42"
         assert workload_spec_patch(workload(RESERVED), the_job) is None  # Kueue refuses it while quota is held
         assert workload_spec_patch(workload(), job(nodes=2)) is None
@@ -163,12 +175,38 @@ class TestWhatKueueSays:
         assert seen.pod_set_updates == (update,)
         assert seen.since == ADMITTED["lastTransitionTime"], "what tells one admission of the Workload from the next"
 
+    def test_an_admission_says_how_many_pods_of_how_many(self) -> None:
+        partial = {**ADMISSION, "podSetAssignments": [{**ADMISSION["podSetAssignments"][0], "count": 1}]}
+        seen = read_admission(workload(RESERVED, ADMITTED, admission=partial))
+        assert (seen.count, seen.requested) == (1, 2)
+        assert placement(seen, FLAVORS).nodes == 1
+
     def test_the_message_says_which_queue_and_kueues_words(self) -> None:
         waiting = Admission(QueueState.WAITING, "Inadmissible", "LocalQueue nope doesn't exist")
         assert waiting_message(job(queue="nope"), waiting) == (
             "queued in Kueue LocalQueue nope: LocalQueue nope doesn't exist")
         evicted = Admission(QueueState.EVICTED, "Preempted", "Preempted to accommodate a higher priority Workload")
         assert waiting_message(job(), evicted).startswith("evicted by Kueue (Preempted), queued again in LocalQueue")
+
+    def test_the_message_says_where_the_job_stands_when_kueue_says(self) -> None:
+        third = Admission(QueueState.WAITING, "Pending", "insufficient quota", position=QueuePosition(3, 7))
+        assert waiting_message(job(), third) == (
+            "queued in Kueue LocalQueue team-q at position 3 (7 in its ClusterQueue): insufficient quota")
+        evicted = replace(third, state=QueueState.EVICTED, reason="Preempted")
+        assert waiting_message(job(), evicted).startswith(
+            "evicted by Kueue (Preempted), queued again in LocalQueue team-q at position 3 (7 in its ClusterQueue)")
+
+
+def test_positions_count_from_one_as_the_visibility_api_lists_them() -> None:
+    """A PendingWorkloadsSummary as Kueue v0.17.0's visibility API answers (counted from 0)."""
+    summary = {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta2", "items": [
+        {"metadata": {"name": "trainingjob-a-11111", "namespace": "team-a"}, "priority": 0,
+         "localQueueName": "team-q", "positionInClusterQueue": 0, "positionInLocalQueue": 0},
+        {"metadata": {"name": "trainingjob-b-22222", "namespace": "team-a"}, "priority": 0,
+         "localQueueName": "team-q", "positionInClusterQueue": 4, "positionInLocalQueue": 1}]}
+    assert positions(summary) == {"trainingjob-a-11111": QueuePosition(1, 1),
+                                  "trainingjob-b-22222": QueuePosition(2, 5)}
+    assert positions({"items": []}) == {} and positions({}) == {}
 
 
 FLAVORS: dict[str, Json] = {
@@ -227,6 +265,12 @@ class TestWhereAnAdmissionPutsThePods:
         seen = Admission(QueueState.ADMITTED, "Admitted", "", True, "gpus", (), updates)
         with pytest.raises(ValueError, match="pod annotation a=2, which conflicts with a=1"):
             placement(seen, FLAVORS)
+
+    def test_the_pods_are_no_more_than_kueue_admitted(self) -> None:
+        elastic = job(nodes=4, elastic={"minNodes": 2, "maxNodes": 4})
+        assert placed(elastic, Placement({}, nodes=3)).spec.nodes == 3
+        assert placed(elastic, Placement({}, nodes=None)).spec.nodes == 4
+        assert placed(job(nodes=2, elastic={"minNodes": 1, "maxNodes": 4}), Placement({}, nodes=3)).spec.nodes == 2
 
     def test_a_node_label_the_job_sets_otherwise_is_a_conflict(self) -> None:
         the_job = job(scheduling={"nodeSelector": {"gpu": "a100"}})
@@ -337,6 +381,16 @@ class TestTheQueuedJobsLifecycle:
         assert decision.status["gpus"] == 0
         assert_valid_status(decision.status)
 
+    def test_its_position_is_in_the_status_while_it_waits_and_goes_when_admitted(self) -> None:
+        second = replace(self.WAITING, position=QueuePosition(2, 5))
+        queued = reconcile(job(), {}, [], NOW, queue=second).status
+        assert queued["queuePosition"] == {"localQueue": 2, "clusterQueue": 5}
+        assert_valid_status(queued)
+        unknown = reconcile(job(), queued, [], NOW, queue=self.WAITING).status
+        assert "queuePosition" not in unknown, "no answer from Kueue: no position, not an old one"
+        started = reconcile(job(), queued, [], NOW, queue=self.ADMITTED).status
+        assert "queuePosition" not in started
+
     def test_admitted_it_starts_attempt_0(self) -> None:
         queued = reconcile(job(), {}, [], NOW, queue=self.WAITING).status
         decision = reconcile(job(), queued, [], NOW, queue=self.ADMITTED)
@@ -344,6 +398,15 @@ class TestTheQueuedJobsLifecycle:
         admitted = next(c for c in decision.status["conditions"] if c["type"] == "Admitted")
         assert (admitted["status"], admitted["message"]) == ("True", "admitted by Kueue in ClusterQueue gpus")
         assert "Admitted" in [e.reason for e in decision.events]
+
+    def test_an_elastic_job_admitted_in_part_starts_with_the_pods_admitted_and_says_so(self) -> None:
+        elastic = job(nodes=4, elastic={"minNodes": 2, "maxNodes": 4})
+        admitted = replace(self.ADMITTED, count=2, requested=4)
+        decision = reconcile(placed(elastic, placement(admitted, FLAVORS)), {}, [], NOW, queue=admitted)
+        assert decision.create == (0, 1)
+        condition = next(c for c in decision.status["conditions"] if c["type"] == "Admitted")
+        assert condition["message"] == ("admitted by Kueue in ClusterQueue gpus for 2 of 4 nodes (partial admission "
+                                        "of an elastic job: the quota left no room for more)")
 
     def test_evicted_its_pods_go_and_admitted_again_it_resumes_in_a_new_attempt(self) -> None:
         running = {"phase": "Running", "attempt": 0, "restarts": 0, "startTime": "2026-12-04T18:00:00Z",

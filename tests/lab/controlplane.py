@@ -30,6 +30,7 @@ APISERVER_READY_TIMEOUT = 180.0
 # (beta in v1.37, off by default) and its topology constraints (alpha), on every component that reads them.
 GANG_FEATURE_GATES = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 GANG_RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1beta1=true"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass
@@ -55,6 +56,9 @@ class ControlPlane:
         # The apiserver's identity towards kubelets (`kubectl logs`, `exec`).
         self.kubelet_client = self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
                                              "system:masters")
+        # Its identity towards aggregated API servers (Kueue's visibility API): they trust the user it names in
+        # X-Remote-User from this certificate alone (--requestheader-allowed-names), so one CA serves both.
+        self.front_proxy_client = self.pki.issue("front-proxy-client", FRONT_PROXY_CLIENT)
         self.sa_keys = self.pki.service_account_keys()
         self.apiserver_port = free_port()
         self.server = f"https://{host}:{self.apiserver_port}"
@@ -115,9 +119,22 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--cert-dir={self.run_dir / 'apiserver-certs'}",
             "--allow-privileged=true",
+            *self._aggregation_flags(),
             "--profiling=false",
             "--v=1",
             *self.gang_flags, *([GANG_RUNTIME_CONFIG] if self.gang_flags else []),
+        ]
+
+    def _aggregation_flags(self) -> list[str]:
+        """The aggregation layer, as kubeadm sets it up: requests to an APIService are proxied with the front
+        proxy's certificate and the caller's identity in headers."""
+        return [
+            f"--requestheader-client-ca-file={self.pki.ca.cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self.front_proxy_client.cert}",
+            f"--proxy-client-key-file={self.front_proxy_client.key}",
         ]
 
     def start_apiserver(self) -> None:

@@ -6,7 +6,8 @@ Mutating/ValidatingWebhookConfiguration with the namespace selectors its kustomi
 cluster install points those at the ``kueue-webhook-service`` Service, the lab points them at the process by
 ``url:`` on the apiserver's own address, served with a certificate of the lab's CA (``caBundle``).
 Kueue authenticates as its own ServiceAccount, with the module's RBAC. Internal certificate management and
-leader election are off; metrics, health and the visibility server listen on free loopback ports.
+leader election are off; metrics, health and the visibility server listen on free loopback ports; the visibility
+API is served through the apiserver's aggregation layer (``_install_visibility``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ VISIBILITY_CERT_DIR = Path("/visibility")
 # once no Kueue runs any more, leftovers of a crashed lab included.
 MOUNT_TARGETS = {METRICS_CERT_DIR: Path("/etc/kueue"), VISIBILITY_CERT_DIR: VISIBILITY_CERT_DIR}
 READY_TIMEOUT_S = 120.0
+# The visibility API's Service, as installed (config/default's namePrefix); the aggregator checks that the server's
+# certificate names it (<service>.<namespace>.svc), wherever the Service points.
+VISIBILITY_SERVICE = "kueue-visibility-server"
+VISIBILITY_SERVICE_DNS = f"{VISIBILITY_SERVICE}.{KUEUE_NAMESPACE}.svc"
 # waitForPodsReady, as clusters that want a job's pods all running or none configure it: an admitted Workload whose
 # PodsReady condition is not True within this evicts (short, so a test can see it happen).
 PODS_READY_TIMEOUT_S = 30
@@ -85,7 +90,8 @@ class Kueue:
         self.dir.mkdir(parents=True, exist_ok=True)
         webhook_certs = self._cert_dir("webhook", ips=(self.host,))
         mounts = {self._cert_dir("metrics", ips=("127.0.0.1",)): METRICS_CERT_DIR,
-                  self._cert_dir("visibility", ips=("127.0.0.1",)): VISIBILITY_CERT_DIR}
+                  self._cert_dir("visibility", ips=("127.0.0.1",), names=(VISIBILITY_SERVICE_DNS,)):
+                  VISIBILITY_CERT_DIR}
         config = self._write_config(webhook_certs)
         self._ensure_namespace()
         self._install_crds(source)
@@ -96,6 +102,7 @@ class Kueue:
         self.process.start()
         wait_for(self._ready, READY_TIMEOUT_S, "kueue /readyz (its webhook server listening)", interval=0.25)
         self._install_webhooks(source)
+        self._install_visibility(source)
 
     def stop(self) -> None:
         """Stop the process, then remove the empty mount targets unless another lab's Kueue still runs (an
@@ -112,10 +119,10 @@ class Kueue:
                     break
 
     # files ----------------------------------------------------------------------------------------
-    def _cert_dir(self, purpose: str, ips: tuple[str, ...]) -> Path:
+    def _cert_dir(self, purpose: str, ips: tuple[str, ...], names: tuple[str, ...] = ()) -> Path:
         """A serving certificate of the lab's CA, laid out as a kubernetes.io/tls Secret is mounted."""
         files: CertFiles = self.pki.issue(f"kueue-{purpose}", f"kueue-{purpose}", server=True,
-                                          dns_names=("localhost",), ips=ips)
+                                          dns_names=("localhost", *names), ips=ips)
         directory = self.dir / f"{purpose}-certs"
         directory.mkdir(exist_ok=True)
         shutil.copyfile(files.cert, directory / "tls.crt")
@@ -221,6 +228,38 @@ class Kueue:
             plural = configuration["kind"].lower() + "s"
             _create(self.api, f"/apis/admissionregistration.k8s.io/v1/{plural}", configuration)
 
+    def _install_visibility(self, source: Path) -> None:
+        """config/components/visibility's APIServices, served through the apiserver's aggregation layer. The
+        cluster install's Service selects Kueue's pod; the lab's is an ExternalName Service naming the host
+        (``localhost``), which the aggregator dials at the APIService's port, and the APIService trusts the lab's
+        CA instead of skipping TLS verification."""
+        visibility = source / "config" / "components" / "visibility"
+        service = yaml.safe_load((visibility / "service.yaml").read_text())
+        name = NAME_PREFIX + service["metadata"]["name"]
+        assert name == VISIBILITY_SERVICE, f"{name}: the module renamed the Service its certificate must name"
+        _create(self.api, f"/api/v1/namespaces/{KUEUE_NAMESPACE}/services", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": KUEUE_NAMESPACE},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}})
+        ca_bundle = base64.b64encode(self.pki.ca.cert.read_bytes()).decode()
+        names = []
+        for resource in yaml.safe_load((visibility / "kustomization.yaml").read_text())["resources"]:
+            api_service = yaml.safe_load((visibility / resource).read_text())
+            if api_service.get("kind") != "APIService":
+                continue
+            spec = api_service["spec"]
+            spec.pop("insecureSkipTLSVerify", None)
+            spec.update(caBundle=ca_bundle, service={"namespace": KUEUE_NAMESPACE, "name": name,
+                                                     "port": self.visibility_port})
+            _create(self.api, "/apis/apiregistration.k8s.io/v1/apiservices", api_service)
+            names.append(api_service["metadata"]["name"])
+        try:
+            wait_for(lambda: all(_available(self.api, n) for n in names), 60,
+                     "Kueue's visibility APIServices Available", interval=0.25)
+        except TimeoutError as error:
+            said = [c for n in names for c in self.api.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{n}")
+                    .get("status", {}).get("conditions") or []]
+            raise TimeoutError(f"{error}: {said}") from error
+
     def _pointed_at_process(self, holder: JSON) -> JSON:
         """Replace a ``clientConfig.service`` (in ``holder`` or its ``webhook``) by the process's URL."""
         target = holder.get("webhook", holder)
@@ -290,6 +329,12 @@ def _create(api: Rest, path: str, body: JSON) -> None:
     except ApiError as error:
         if error.status != 409:
             raise
+
+
+def _available(api: Rest, name: str) -> bool:
+    service = api.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")
+    return any(c["type"] == "Available" and c["status"] == "True"
+               for c in service.get("status", {}).get("conditions") or [])
 
 
 def _established(api: Rest, name: str) -> bool:

@@ -175,6 +175,10 @@ per watched namespace otherwise). Grouped by purpose; nothing else, no Secrets.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+# A queued job's position (status.queuePosition): its LocalQueue's pending Workloads, from Kueue's visibility API.
+- apiGroups: ["visibility.kueue.x-k8s.io"]
+  resources: ["localqueues/pendingworkloads"]
+  verbs: ["get"]
 # Events on TrainingJobs: kopf posts core/v1 events (create only).
 - apiGroups: [""]
   resources: ["events"]

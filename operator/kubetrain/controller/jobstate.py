@@ -19,7 +19,7 @@ from kubetrain.controller.memory import return_freed_memory
 from kubetrain.controller.operator_config import OperatorConfig
 from kubetrain.core import api, judgements
 from kubetrain.core.judgements import ScrapeClock
-from kubetrain.core.queueing import Placement
+from kubetrain.core.queueing import Placement, QueuePosition
 from kubetrain.core.spec import TrainingJob, parse
 from kubetrain.core.status import PodState, parse_time
 from kubetrain.core.status_policy import Event
@@ -146,6 +146,14 @@ class JobRecord:
 
 
 @dataclass
+class PendingRead:
+    """One read of a LocalQueue's pending Workloads, shared by the passes that ask before ``until``."""
+
+    positions: asyncio.Future[dict[str, QueuePosition] | None]
+    until: float  # monotonic seconds
+
+
+@dataclass
 class OperatorState:
     """Everything the handlers share, created at start-up and kept in kopf's memo; ``queue`` is set by whoever
     makes it (handlers.operator_state), as it reconciles through this state."""
@@ -162,6 +170,8 @@ class OperatorState:
     reconciles: int = 0  # reconcile passes so far (memory is trimmed after activity)
     phases: Counter[str] = field(default_factory=Counter)  # the records by phase (set_phase)
     in_namespace: Counter[str] = field(default_factory=Counter)  # the records by namespace
+    # Kueue's pending Workloads by (namespace, LocalQueue), as last read (controller/queueing.py).
+    pending: dict[tuple[str, str], PendingRead] = field(default_factory=dict)
 
     @property
     def notices(self) -> Mapping[str, str]:

@@ -7,26 +7,30 @@ A job without the label ``kueue.x-k8s.io/queue-name`` costs nothing here: no cal
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from time import monotonic
 from typing import Any
 
 import kopf
 
-from kubetrain.controller.jobstate import JobRecord, OperatorState, Trigger
+from kubetrain.controller.jobstate import JobRecord, OperatorState, PendingRead, Trigger
 from kubetrain.core import api
 from kubetrain.core.manifests import build_pod
 from kubetrain.core.queueing import (
     KUEUE,
     Admission,
     Placement,
+    QueuePosition,
     QueueState,
     build_workload,
     finished_patch,
     placed,
     placement,
     pods_ready_patch,
+    positions,
     queue_name,
     read_admission,
     release_patch,
@@ -35,12 +39,19 @@ from kubetrain.core.queueing import (
 )
 from kubetrain.core.spec import TrainingJob
 from kubetrain.core.status import PodState
+from kubetrain.k8s.transport import ApiError
 
-__all__ = ["Gate", "admit", "settle", "workload_changed"]
+__all__ = ["Gate", "admit", "queue_position", "settle", "workload_changed"]
 
 Json = Any
 WORKLOAD = (KUEUE.GROUP, KUEUE.VERSION, KUEUE.WORKLOADS)
 WORKLOAD_CHANGE = Trigger("workload", logging.getLogger("kubetrain.kueue"))
+# A LocalQueue's pending Workloads are read at most this often: the positions of a thousand jobs waiting in one
+# queue cost one request, not a thousand. Where Kueue's visibility API is not served, it is asked again after a
+# minute.
+PENDING_READ_EVERY_S = 5.0
+PENDING_UNSERVED_S = 60.0
+log = logging.getLogger("kubetrain.kueue")
 
 
 def _owning_job(body: Json) -> str | None:
@@ -101,6 +112,8 @@ async def admit(state: OperatorState, record: JobRecord, job: TrainingJob, statu
     record.workload = workload
     admission = read_admission(workload)
     if admission.state is not QueueState.ADMITTED:
+        if admission.state is not QueueState.FINISHED and not admission.quota_reserved:
+            admission = replace(admission, position=await queue_position(state, job))
         return Gate(job, admission, workload)
     return Gate(placed(job, await _placement(state, record, workload, admission)), admission, workload)
 
@@ -113,6 +126,32 @@ async def _placement(state: OperatorState, record: JobRecord, workload: Json, ad
         flavors = {name: await state.kube.get_resource_flavor(name) for name in admission.flavors}
         record.placement = (key, placement(admission, flavors))
     return record.placement[1]
+
+
+async def queue_position(state: OperatorState, job: TrainingJob) -> QueuePosition | None:
+    """Where the job's Workload waits, from its LocalQueue's pending Workloads as read in the last few seconds."""
+    key = (job.namespace, str(queue_name(job)))
+    now = monotonic()
+    read = state.pending.get(key)
+    if read is None or read.until <= now:
+        read = state.pending[key] = PendingRead(asyncio.ensure_future(_read_positions(state, *key)),
+                                                now + PENDING_READ_EVERY_S)
+    found = await asyncio.shield(read.positions)
+    if found is None:
+        read.until = max(read.until, now + PENDING_UNSERVED_S)
+        return None
+    return found.get(workload_name(job))
+
+
+async def _read_positions(state: OperatorState, namespace: str, local_queue: str) -> dict[str, QueuePosition] | None:
+    """None where the visibility API does not answer: positions are shown where Kueue serves them, and a job waits
+    the same without one."""
+    try:
+        return positions(await state.kube.get_pending_workloads(namespace, local_queue))
+    except ApiError as error:
+        log.info("no queue positions for LocalQueue %s/%s: Kueue's visibility API answered %s %s", namespace,
+                 local_queue, error.status, str(error)[:200])
+        return None
 
 
 def _seen(record: JobRecord, job: TrainingJob) -> Json | None:
@@ -128,7 +167,7 @@ async def _create_workload(state: OperatorState, job: TrainingJob) -> tuple[Json
     """The job's Workload, made now (True) or as it existed (False). Kueue orders and preempts by spec.priority:
     the value of the job's PriorityClass, read as Kueue's own integrations read it."""
     class_name = job.spec.scheduling.priority_class_name
-    priority = None
+    priority = 0
     if class_name:
         priority = int((await state.kube.get_priority_class(class_name)).get("value") or 0)
     pod = build_pod(job, 0, 0, default_image=state.config.trainer_image)

@@ -101,6 +101,7 @@ def reconcile(
     if progress is not None:
         record_scrape(draft, progress if isinstance(progress, Scrape) else Scrape(progress=progress))
     forget_cleared(draft)
+    draft.status.pop("queuePosition", None)  # true only while the job waits in Kueue's queue: hold() sets it
 
     phase = draft.status.get("phase")
     if phase in (Phase.SUCCEEDED, Phase.FAILED):

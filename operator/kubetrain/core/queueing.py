@@ -40,6 +40,7 @@ __all__ = [
     "QUEUE_LABEL",
     "Admission",
     "Placement",
+    "QueuePosition",
     "QueueState",
     "build_workload",
     "finished_patch",
@@ -47,6 +48,7 @@ __all__ = [
     "placed",
     "placement",
     "pods_ready_patch",
+    "positions",
     "queue_name",
     "read_admission",
     "record_admission",
@@ -79,6 +81,11 @@ class KUEUE:
     WORKLOAD: Final = "Workload"
     WORKLOADS: Final = "workloads"
     RESOURCE_FLAVORS: Final = "resourceflavors"
+    # The visibility API: a LocalQueue's pending Workloads in order, served by Kueue through the API server's
+    # aggregation layer (APIService v1beta2.visibility.kueue.x-k8s.io).
+    VISIBILITY_GROUP: Final = f"visibility.{GROUP}"
+    LOCAL_QUEUES: Final = "localqueues"
+    PENDING_WORKLOADS: Final = "pendingworkloads"
     # Labels and annotation Kueue's integrations put on an admitted job's pods (pkg/controller/constants).
     JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
 
@@ -102,6 +109,20 @@ class Admission:
     flavors: tuple[str, ...] = ()  # the ResourceFlavors of the pod set's assignment, each once
     pod_set_updates: tuple[Mapping[str, Json], ...] = ()
     since: str | None = None  # when Kueue admitted it (Admitted's lastTransitionTime): tells re-admissions apart
+    count: int | None = None  # the pods Kueue admitted: fewer than requested for an elastic job admitted in part
+    requested: int | None = None  # the pods the Workload asks for (its pod set's count)
+    position: QueuePosition | None = None  # where it waits, when Kueue's visibility API says (positions)
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    """Where a pending Workload stands in Kueue's queues, counted from 1: the next one Kueue will try to admit."""
+
+    local_queue: int
+    cluster_queue: int
+
+    def as_status(self) -> dict[str, int]:
+        return {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue}
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,7 @@ class Placement:
     tolerations: tuple[Mapping[str, Json], ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)  # the admission checks' podSetUpdates'...
     annotations: Mapping[str, str] = field(default_factory=dict)  # ...(a ProvisioningRequest's, for one)
+    nodes: int | None = None  # the pods admitted (Kueue's partial admission of an elastic job): at most this many
 
 
 def queue_name(job: TrainingJob) -> str | None:
@@ -125,22 +147,22 @@ def workload_name(job: TrainingJob) -> str:
     return f"{api.SINGULAR}-{job.name}-{digest}"
 
 
-def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int | None) -> dict[str, Json]:
+def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int) -> dict[str, Json]:
     """The job's Workload. ``pod``: one of its pods as the operator builds it (manifests.build_pod); ``priority``:
-    the value of the job's PriorityClass, None without one (Kueue then takes its default, 0)."""
+    the value of the job's PriorityClass, 0 without one (Kueue's default). It is always set, as Kueue's own
+    integrations set it: Kueue v0.17.0's visibility API dereferences it and fails the whole LocalQueue's answer
+    (a nil-pointer panic, HTTP 503 through the aggregator) for one Workload without it."""
     template_spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "schedulingGroup")}
     spec: dict[str, Json] = {
         "active": True,
         "queueName": queue_name(job),
-        # The gang starts whole or not at all: no minCount, so Kueue admits spec.nodes pods or none.
-        "podSets": [{"name": POD_SET, "count": job.spec.nodes, "template": {
+        "podSets": [{"name": POD_SET, **_pod_counts(job), "template": {
             "metadata": {"labels": dict(pod["metadata"].get("labels") or {})}, "spec": template_spec}}],
     }
     class_name = job.spec.scheduling.priority_class_name
     if class_name:
         spec["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": class_name}
-    if priority is not None:
-        spec["priority"] = priority
+    spec["priority"] = priority
     return {
         "apiVersion": KUEUE.API_VERSION,
         "kind": KUEUE.WORKLOAD,
@@ -154,6 +176,15 @@ def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int | No
         },
         "spec": spec,
     }
+
+
+def _pod_counts(job: TrainingJob) -> dict[str, int]:
+    """A fixed gang starts whole or not at all: no minCount, so Kueue admits spec.nodes pods or none. An elastic one
+    may start with spec.elastic.minNodes: Kueue's partial admission then admits as many as the quota allows."""
+    elastic = job.spec.elastic
+    if elastic is None or elastic.min_nodes >= job.spec.nodes:
+        return {"count": job.spec.nodes}
+    return {"count": job.spec.nodes, "minCount": elastic.min_nodes}
 
 
 def _condition(workload: Mapping[str, Json], kind: str) -> Mapping[str, Json]:
@@ -181,7 +212,7 @@ def read_admission(workload: Mapping[str, Json] | None) -> Admission:
         cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         return Admission(QueueState.ADMITTED, admitted.get("reason") or "Admitted", admitted.get("message") or "",
                          reserved, cluster_queue, _flavors(workload), _pod_set_updates(workload),
-                         admitted.get("lastTransitionTime"))
+                         admitted.get("lastTransitionTime"), *_counts(workload))
     quota = _condition(workload, "QuotaReserved")
     checks = [c for c in (workload.get("status") or {}).get("admissionChecks") or [] if c.get("state") != "Ready"]
     if reserved and checks:  # Kueue admits once every admission check of the ClusterQueue says Ready
@@ -191,6 +222,23 @@ def read_admission(workload: Mapping[str, Json] | None) -> Admission:
     if quota:
         return Admission(QueueState.WAITING, quota.get("reason") or "Pending", quota.get("message") or "", reserved)
     return Admission(QueueState.WAITING, WAITING_FOR_KUEUE, "Kueue has not considered the Workload yet", reserved)
+
+
+def positions(summary: Mapping[str, Json]) -> dict[str, QueuePosition]:
+    """The positions of a LocalQueue's pending Workloads by name, from its PendingWorkloadsSummary (Kueue's
+    visibility API, which counts from 0 and lists at most 1,000)."""
+    return {str(item["metadata"]["name"]): QueuePosition(int(item.get("positionInLocalQueue") or 0) + 1,
+                                                         int(item.get("positionInClusterQueue") or 0) + 1)
+            for item in summary.get("items") or [] if (item.get("metadata") or {}).get("name")}
+
+
+def _counts(workload: Mapping[str, Json]) -> tuple[int | None, int | None]:
+    """The pods admitted (the pod set's assignment's count) and asked for (its pod set's count)."""
+    assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    admitted = next((a.get("count") for a in assignments if a.get("name") == POD_SET), None)
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    requested = next((p.get("count") for p in pod_sets if p.get("name") == POD_SET), None)
+    return (None if admitted is None else int(admitted)), (None if requested is None else int(requested))
 
 
 def _check_said(check: Mapping[str, Json]) -> str:
@@ -231,7 +279,7 @@ def placement(admission: Admission, flavors: Mapping[str, Mapping[str, Json]]) -
         _merge(labels, update.get("labels") or {}, source, "pod label")
         _merge(annotations, update.get("annotations") or {}, source, "pod annotation")
         tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
-    return Placement(selector, tuple(tolerations), labels, annotations)
+    return Placement(selector, tuple(tolerations), labels, annotations, admission.count)
 
 
 def _merge(into: dict[str, str], labels: Mapping[str, str], source: str, what: str = "node label") -> None:
@@ -242,9 +290,11 @@ def _merge(into: dict[str, str], labels: Mapping[str, str], source: str, what: s
 
 
 def placed(job: TrainingJob, where: Placement) -> TrainingJob:
-    """The job as its pods must be made under this admission: Kueue's node labels and tolerations added to its own,
-    and the admission checks' pod labels and annotations (ValueError on a node label the job sets otherwise, or
-    on a label or annotation in the operator's own domain, whose values it decides)."""
+    """The job as its pods must be made under this admission: no more nodes than Kueue admitted (an elastic job
+    admitted in part runs with fewer, as Kueue's own integrations run a Job with the admitted parallelism), Kueue's
+    node labels and tolerations added to its own, and the admission checks' pod labels and annotations
+    (ValueError on a node label the job sets otherwise, or on a label or annotation in the operator's own domain,
+    whose values it decides)."""
     scheduling = job.spec.scheduling
     selector = dict(scheduling.node_selector)
     _merge(selector, where.node_selector, "Kueue's admission")
@@ -254,7 +304,8 @@ def placed(job: TrainingJob, where: Placement) -> TrainingJob:
     tolerations = tuple(scheduling.tolerations) + tuple(t for t in where.tolerations if t not in scheduling.tolerations)
     new_scheduling = replace(scheduling, node_selector=selector, tolerations=tolerations,
                              pod_labels=dict(where.labels), pod_annotations=dict(where.annotations))
-    return replace(job, spec=replace(job.spec, scheduling=new_scheduling))
+    nodes = job.spec.nodes if where.nodes is None else min(job.spec.nodes, where.nodes)
+    return replace(job, spec=replace(job.spec, scheduling=new_scheduling, nodes=nodes))
 
 
 def workload_spec_patch(workload: Mapping[str, Json], job: TrainingJob) -> dict[str, Json] | None:
@@ -267,8 +318,10 @@ def workload_spec_patch(workload: Mapping[str, Json], job: TrainingJob) -> dict[
     if spec.get("active", True) != active:
         patch["active"] = active
     pod_sets = [dict(p) for p in spec.get("podSets") or []]
-    if pod_sets and pod_sets[0].get("count") != job.spec.nodes and not _true(_condition(workload, "QuotaReserved")):
-        pod_sets[0]["count"] = job.spec.nodes
+    counts = _pod_counts(job)
+    if (pod_sets and any(pod_sets[0].get(k) != v for k, v in counts.items())
+            and not _true(_condition(workload, "QuotaReserved"))):
+        pod_sets[0] = {**{k: v for k, v in pod_sets[0].items() if k != "minCount"}, **counts}
         patch["podSets"] = pod_sets
     if not patch:
         return None
@@ -346,14 +399,17 @@ def finished_patch(workload: Mapping[str, Json], succeeded: bool, message: str,
 
 
 def waiting_message(job: TrainingJob, admission: Admission) -> str:
-    """The job's status message while it waits for Kueue, Kueue's own words included."""
-    what = f"queued in Kueue LocalQueue {queue_name(job)}"
+    """The job's status message while it waits for Kueue, its position and Kueue's own words included."""
+    where = f"LocalQueue {queue_name(job)}"
+    if admission.position is not None:
+        where += (f" at position {admission.position.local_queue}"
+                  f" ({admission.position.cluster_queue} in its ClusterQueue)")
+    what = f"queued in Kueue {where}"
     if admission.state is QueueState.EVICTED:
-        what = f"evicted by Kueue ({admission.reason}), queued again in LocalQueue {queue_name(job)}"
+        what = f"evicted by Kueue ({admission.reason}), queued again in {where}"
     elif admission.state is QueueState.FINISHED:
         what = f"Kueue marked its Workload finished ({admission.reason}) before the job ended"
     return f"{what}: {admission.message}" if admission.message else what
-
 
 
 # --- The job's side: lifecycle's steps for a queued job --------------------------------------------------------
@@ -373,11 +429,16 @@ def hold(draft: Draft, pods: Sequence[PodState], admission: Admission) -> None:
     draft.condition(ConditionType.RUNNING, False, admission.reason, message)
     draft.status["nodes"] = count_nodes(draft.job.spec.nodes, [p for p in pods if not p.deleting]).as_status()
     draft.status["gpus"] = 0
+    if admission.position is not None:
+        draft.status["queuePosition"] = admission.position.as_status()
 
 
 def record_admission(draft: Draft, admission: Admission) -> None:
     """Admitted: said in condition Admitted (the ClusterQueue named), and an event the first time."""
     message = f"admitted by Kueue in ClusterQueue {admission.cluster_queue}"
+    if admission.count is not None and admission.requested is not None and admission.count < admission.requested:
+        message += (f" for {admission.count} of {admission.requested} nodes (partial admission of an elastic job: "
+                    "the quota left no room for more)")
     known = next((c for c in draft.status.get("conditions") or [] if c.get("type") == ConditionType.ADMITTED), None)
     if known is None or known.get("status") != "True":
         draft.events.append(Event("Normal", "Admitted", message))

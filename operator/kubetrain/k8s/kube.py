@@ -190,6 +190,10 @@ class _KueueV1beta2:
     async def read_resource_flavor(self, name: str) -> Json:
         return await self._rest.request("GET", self._path(KUEUE.RESOURCE_FLAVORS, name))
 
+    async def read_namespaced_local_queue_pending_workloads(self, name: str, namespace: str) -> Json:
+        path = f"/apis/{KUEUE.VISIBILITY_GROUP}/{KUEUE.VERSION}/namespaces/{namespace}/{KUEUE.LOCAL_QUEUES}/{name}"
+        return await self._rest.request("GET", f"{path}/{KUEUE.PENDING_WORKLOADS}")
+
 
 class _CustomObjects:
     """The TrainingJob calls the operator makes, named like the official client's CustomObjectsApi."""
@@ -327,6 +331,11 @@ class Kube:
 
     async def get_resource_flavor(self, name: str) -> Json:
         return await self._kueue.read_resource_flavor(name)
+
+    async def get_pending_workloads(self, namespace: str, local_queue: str) -> Json:
+        """A LocalQueue's pending Workloads in Kueue's order (its PendingWorkloadsSummary); ApiError where Kueue's
+        visibility API is not served (404, 503) or the operator may not read it (403)."""
+        return await self._kueue.read_namespaced_local_queue_pending_workloads(local_queue, namespace)
 
     async def get_priority_class(self, name: str) -> Json:
         return await self._priorities.read_priority_class(name)
