@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from kubetrain.cli.watch import describe_status
 from tests.lab.jobs import Jobs
 from tests.lab.lab import Lab
 from tests.lab.procs import wait_for
@@ -143,3 +144,11 @@ def test_watch_survives_an_api_server_restart_and_exits_0_when_the_job_succeeds(
     assert "reconnecting" in output
     assert "long: Succeeded" in output
     assert jobs.status("long")["restarts"] == 0, jobs.status("long").get("failures")
+
+
+def test_the_line_says_a_queued_jobs_place_and_a_running_jobs_progress() -> None:
+    queued = {"phase": "Queued", "nodes": {"summary": "0/2"}, "queuePosition": {"localQueue": 3, "clusterQueue": 5}}
+    assert describe_status(queued) == "Queued | nodes 0/2 | position 3 in its LocalQueue (5 in its ClusterQueue)"
+    running = {"phase": "Running", "nodes": {"summary": "2/2"}, "restarts": 1,
+               "progress": {"lossText": "2.31", "throughputText": "812", "eta": "4m"}}
+    assert describe_status(running) == "Running | nodes 2/2 | loss 2.31 | 812 samples/s | ETA 4m | restarts 1"

@@ -19,9 +19,14 @@ Json = Any
 
 
 def describe_status(status: Mapping[str, Json]) -> str:
-    """One line: phase, nodes, loss, throughput, ETA, restarts."""
+    """One line: phase, nodes (or, while it waits in Kueue, its place in the queue), loss, throughput, ETA,
+    restarts."""
     progress = status.get("progress") or {}
     parts = [str(status.get("phase", "Pending")), f"nodes {(status.get('nodes') or {}).get('summary', '0/0')}"]
+    position = status.get("queuePosition") or {}
+    if "localQueue" in position:
+        parts.append(f"position {position['localQueue']} in its LocalQueue ({position.get('clusterQueue')} in its "
+                     "ClusterQueue)")
     if "lossText" in progress:
         parts.append(f"loss {progress['lossText']}")
     if "throughputText" in progress:
