@@ -232,6 +232,22 @@ def test_an_elastic_job_is_admitted_in_part_and_runs_with_the_pods_kueue_admitte
                  "the partial admission test's jobs gone", interval=0.5)
 
 
+def test_a_job_naming_no_priority_class_gets_the_clusters_default_one(jobs: Jobs) -> None:
+    """As Kueue's own integrations: the globalDefault PriorityClass's value and name on the Workload."""
+    path = "/apis/scheduling.k8s.io/v1/priorityclasses"
+    jobs.lab.api.post(path, {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                             "metadata": {"name": "cluster-default"}, "value": 7, "globalDefault": True})
+    try:
+        job = queued_job(jobs, "defaulted", queue="no-such-queue")  # never admitted: it holds nothing
+        wait_for(lambda: jobs.lab.api.exists(workload_path(job)), 15, "its Workload", interval=0.2)
+        spec = workload_of(jobs, job)["spec"]
+        assert (spec["priority"], spec["priorityClassRef"]["name"]) == (7, "cluster-default"), spec
+    finally:
+        jobs.lab.api.delete(f"{path}/cluster-default")
+        with contextlib.suppress(Exception):
+            jobs.lab.api.delete(f"{jobs.base}/defaulted")
+
+
 def test_a_queue_that_does_not_exist_is_said_at_once_and_holds_nothing(jobs: Jobs) -> None:
     job = queued_job(jobs, "lost", queue="no-such-queue")
     status = jobs.wait("lost", lambda s: admitted(s).get("reason") == "Inadmissible", "Kueue's reason", timeout=15)

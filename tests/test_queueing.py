@@ -21,6 +21,7 @@ from kubetrain.core.queueing import (
     QueuePosition,
     QueueState,
     build_workload,
+    default_priority_class,
     finished_patch,
     placed,
     placement,
@@ -111,6 +112,20 @@ class TestTheWorkload:
         spec = build_workload(the_job, build_pod(the_job, 0, 0), priority=1000)["spec"]
         assert spec["priorityClassRef"] == {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "high"}
         assert spec["priority"] == 1000
+
+    def test_a_job_naming_no_class_gets_the_clusters_default_one_as_kueue_gives_it(self) -> None:
+        classes = [{"metadata": {"name": "system-node-critical"}, "value": 2000001000},
+                   {"metadata": {"name": "batch"}, "value": 50, "globalDefault": True},
+                   {"metadata": {"name": "low"}, "value": 10, "globalDefault": True}]
+        chosen = default_priority_class(classes)
+        assert chosen is not None and chosen["metadata"]["name"] == "low"  # the lowest of the defaults
+        assert default_priority_class(classes[:1]) is None
+        the_job = job()
+        spec = build_workload(the_job, build_pod(the_job, 0, 0), priority=10, class_name="low")["spec"]
+        assert spec["priorityClassRef"]["name"] == "low" and spec["priority"] == 10
+        named = job(scheduling={"priorityClassName": "high"})
+        spec = build_workload(named, build_pod(named, 0, 0), priority=1000, class_name="high")["spec"]
+        assert spec["priorityClassRef"]["name"] == "high"
 
     def test_a_job_of_the_same_name_gets_a_workload_of_its_own(self) -> None:
         first, second = workload_name(job(uid="uid-1")), workload_name(job(uid="uid-2"))

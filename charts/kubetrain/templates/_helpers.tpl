@@ -198,10 +198,11 @@ the cluster-scoped objects a Kueue admission names.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["resourceflavors"]
   verbs: ["get"]
-# Its PriorityClass's value is its Workload's priority (Kueue orders and preempts by it).
+# Its PriorityClass's value is its Workload's priority (Kueue orders and preempts by it); a job that names none
+# gets the cluster's globalDefault one's, found in the list, as Kueue's own integrations find it.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
-  verbs: ["get"]
+  verbs: ["get", "list"]
 # A node that keeps failing a job is avoided only while enough Ready nodes remain for its gang; a node cordoned
 # or tainted NoExecute (a drain, a reclaim announced) has the jobs on it checkpoint at once.
 - apiGroups: [""]

@@ -26,6 +26,7 @@ from kubetrain.core.queueing import (
     QueuePosition,
     QueueState,
     build_workload,
+    default_priority_class,
     finished_patch,
     placed,
     placement,
@@ -165,13 +166,16 @@ def _seen(record: JobRecord, job: TrainingJob) -> Json | None:
 
 async def _create_workload(state: OperatorState, job: TrainingJob) -> tuple[Json, bool]:
     """The job's Workload, made now (True) or as it existed (False). Kueue orders and preempts by spec.priority:
-    the value of the job's PriorityClass, read as Kueue's own integrations read it."""
+    the value of the job's PriorityClass, or of the cluster's globalDefault one, read as Kueue's own integrations
+    read them."""
     class_name = job.spec.scheduling.priority_class_name
-    priority = 0
     if class_name:
-        priority = int((await state.kube.get_priority_class(class_name)).get("value") or 0)
+        chosen: Json = await state.kube.get_priority_class(class_name)
+    else:
+        chosen = default_priority_class(await state.kube.list_priority_classes())
+    priority = int((chosen or {}).get("value") or 0)
     pod = build_pod(job, 0, 0, default_image=state.config.trainer_image)
-    body = build_workload(job, pod, priority)
+    body = build_workload(job, pod, priority, (chosen or {}).get("metadata", {}).get("name"))
     existing = await state.kube.create(job.namespace, body)
     return (body, True) if existing is None else (existing, False)
 

@@ -43,6 +43,7 @@ __all__ = [
     "QueuePosition",
     "QueueState",
     "build_workload",
+    "default_priority_class",
     "finished_patch",
     "hold",
     "placed",
@@ -147,11 +148,20 @@ def workload_name(job: TrainingJob) -> str:
     return f"{api.SINGULAR}-{job.name}-{digest}"
 
 
-def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int) -> dict[str, Json]:
-    """The job's Workload. ``pod``: one of its pods as the operator builds it (manifests.build_pod); ``priority``:
-    the value of the job's PriorityClass, 0 without one (Kueue's default). It is always set, as Kueue's own
-    integrations set it: Kueue v0.17.0's visibility API dereferences it and fails the whole LocalQueue's answer
-    (a nil-pointer panic, HTTP 503 through the aggregator) for one Workload without it."""
+def default_priority_class(classes: Sequence[Mapping[str, Json]]) -> Mapping[str, Json] | None:
+    """The PriorityClass a job that names none gets, as Kueue's own integrations take it: the cluster's
+    ``globalDefault`` one (the lowest in value if several say so), else None (priority 0)."""
+    defaults = [c for c in classes if c.get("globalDefault")]
+    return min(defaults, key=lambda c: int(c.get("value") or 0)) if defaults else None
+
+
+def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int,
+                   class_name: str | None = None) -> dict[str, Json]:
+    """The job's Workload. ``pod``: one of its pods as the operator builds it (manifests.build_pod); ``priority``
+    and ``class_name``: the job's PriorityClass's value and name, or the cluster's default one's
+    (default_priority_class), or 0 and None. The priority is always set, as Kueue's own integrations set it:
+    Kueue v0.17.0's visibility API dereferences it and fails the whole LocalQueue's answer (a nil-pointer panic,
+    HTTP 503 through the aggregator) for one Workload without it."""
     template_spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "schedulingGroup")}
     spec: dict[str, Json] = {
         "active": True,
@@ -159,7 +169,7 @@ def build_workload(job: TrainingJob, pod: Mapping[str, Json], priority: int) -> 
         "podSets": [{"name": POD_SET, **_pod_counts(job), "template": {
             "metadata": {"labels": dict(pod["metadata"].get("labels") or {})}, "spec": template_spec}}],
     }
-    class_name = job.spec.scheduling.priority_class_name
+    class_name = job.spec.scheduling.priority_class_name or class_name
     if class_name:
         spec["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": class_name}
     spec["priority"] = priority

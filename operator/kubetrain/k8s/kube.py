@@ -160,6 +160,9 @@ class _SchedulingV1:
     async def read_priority_class(self, name: str) -> Json:
         return await self._rest.request("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
+    async def list_priority_class(self, params: Mapping[str, str]) -> Json:
+        return await self._rest.request("GET", "/apis/scheduling.k8s.io/v1/priorityclasses", params=params)
+
 
 class _KueueV1beta2:
     """Kueue's Workloads and (cluster-scoped) ResourceFlavors, for jobs in a Kueue queue (core/queueing.py); named
@@ -339,6 +342,10 @@ class Kube:
 
     async def get_priority_class(self, name: str) -> Json:
         return await self._priorities.read_priority_class(name)
+
+    async def list_priority_classes(self) -> list[Json]:
+        classes, _ = await _all_pages(self._priorities.list_priority_class, {})
+        return classes
 
     async def list_pods(self, namespace: str | None, selector: str) -> tuple[list[Json], str]:
         """The pods that match the label selector, in one namespace or (None) all, page by page; and the
