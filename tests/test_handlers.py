@@ -103,6 +103,9 @@ class FakeCluster:
     def _read_resource_flavor(self, name: str) -> Json:
         return self.flavors[name]
 
+    def _list_priority_class(self, _params: Json) -> Json:
+        return {"metadata": {"resourceVersion": "1"}, "items": []}  # no globalDefault class: priority 0
+
     def _list_node(self, _params: Json) -> Json:
         ready = [{"type": "Ready", "status": "True"}]
         nodes = [{"metadata": {"name": n}, "status": {"conditions": ready}} for n in self.nodes]
@@ -182,6 +185,7 @@ def run(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., jobstate.Ope
         kube._core = _Client(cluster)  # type: ignore[assignment]
         kube._custom = _Client(cluster)  # type: ignore[assignment]
         kube._kueue = _Client(cluster)  # type: ignore[assignment]
+        kube._priorities = _Client(cluster)  # type: ignore[assignment]
 
         async def once() -> jobstate.OperatorState:
             posting.event_queue_loop_var.set(asyncio.get_running_loop())
