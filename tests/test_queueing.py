@@ -139,6 +139,10 @@ class TestTheWorkload:
         assert patch["metadata"]["resourceVersion"] == "42"
         assert workload_spec_patch(workload(RESERVED), the_job) is None  # Kueue refuses it while quota is held
         assert workload_spec_patch(workload(), job(nodes=2)) is None
+        was_elastic = workload(condition("QuotaReserved", False, "Pending"))
+        was_elastic["spec"]["podSets"][0]["minCount"] = 1
+        patch = workload_spec_patch(was_elastic, job(nodes=2))
+        assert patch is not None and patch["spec"] == {"podSets": [{"name": POD_SET, "count": 2}]}, "no minCount left"
 
     def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it(self) -> None:
         suspended = job(runPolicy={"suspend": True})

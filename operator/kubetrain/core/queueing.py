@@ -329,9 +329,9 @@ def workload_spec_patch(workload: Mapping[str, Json], job: TrainingJob) -> dict[
         patch["active"] = active
     pod_sets = [dict(p) for p in spec.get("podSets") or []]
     counts = _pod_counts(job)
-    if (pod_sets and any(pod_sets[0].get(k) != v for k, v in counts.items())
-            and not _true(_condition(workload, "QuotaReserved"))):
-        pod_sets[0] = {**{k: v for k, v in pod_sets[0].items() if k != "minCount"}, **counts}
+    asked = {k: pod_sets[0][k] for k in ("count", "minCount") if pod_sets and k in pod_sets[0]}
+    if pod_sets and asked != counts and not _true(_condition(workload, "QuotaReserved")):
+        pod_sets[0] = {**{k: v for k, v in pod_sets[0].items() if k not in asked}, **counts}
         patch["podSets"] = pod_sets
     if not patch:
         return None
