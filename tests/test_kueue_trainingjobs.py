@@ -125,6 +125,17 @@ def column(table: list[str], name: str) -> str:
     return row[start:after[0] if after else None].strip()
 
 
+def cleared(jobs: Jobs, names: tuple[str, ...]) -> None:
+    """A test's jobs released, deleted and gone, whatever it left them doing: their quota free for the next tests."""
+    for name in names:
+        release(jobs, name)
+    for name in names:
+        with contextlib.suppress(Exception):
+            jobs.lab.api.delete(f"{jobs.base}/{name}")
+    wait_for(lambda: not any(jobs.lab.api.exists(f"{jobs.base}/{name}") for name in names), 60,
+             f"jobs {', '.join(names)} gone", interval=0.5)
+
+
 def urgent_class(jobs: Jobs) -> None:
     """PriorityClass ``urgent`` (value 1000), made once for the module's tests."""
     path = "/apis/scheduling.k8s.io/v1/priorityclasses/urgent"
@@ -196,13 +207,7 @@ def test_a_waiting_job_shows_its_place_in_the_queue_from_kueues_visibility_api(j
         # again from Kueue.
         jobs.wait(second, lambda s: position(s) == {"localQueue": 1, "clusterQueue": 1}, "position 1", timeout=45)
     finally:
-        for name in names:
-            release(jobs, name)
-        for name in names:
-            with contextlib.suppress(Exception):
-                jobs.lab.api.delete(f"{jobs.base}/{name}")
-        wait_for(lambda: not any(jobs.lab.api.exists(f"{jobs.base}/{name}") for name in names), 60,
-                 "the position test's jobs gone (their quota free for the next tests)", interval=0.5)
+        cleared(jobs, names)
 
 
 def test_an_elastic_job_is_admitted_in_part_and_runs_with_the_pods_kueue_admitted(jobs: Jobs) -> None:
@@ -223,13 +228,7 @@ def test_an_elastic_job_is_admitted_in_part_and_runs_with_the_pods_kueue_admitte
                                                "more)")
         assert status["nodes"]["desired"] == 2, status["nodes"]
     finally:
-        for name in names:
-            release(jobs, name)
-        for name in names:
-            with contextlib.suppress(Exception):
-                jobs.lab.api.delete(f"{jobs.base}/{name}")
-        wait_for(lambda: not any(jobs.lab.api.exists(f"{jobs.base}/{name}") for name in names), 60,
-                 "the partial admission test's jobs gone", interval=0.5)
+        cleared(jobs, names)
 
 
 def test_a_job_naming_no_priority_class_gets_the_clusters_default_one(jobs: Jobs) -> None:
