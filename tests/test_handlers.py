@@ -614,6 +614,31 @@ def test_a_job_being_deleted_is_left_alone_by_its_later_pod_events(run: Any) -> 
     assert cluster.calls[calls:] == []
 
 
+def test_pods_orphaned_before_the_jobs_deletion_mark_is_seen_are_not_adopted(run: Any) -> None:
+    """The pods' watch and the job's are separate streams: the pods' stripped owner can be seen while the
+    operator still holds the job's body from before its deletion mark. A fresh read of the job tells."""
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    assert cluster.job is not None
+    cluster.job["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "finalizers": ["orphan"]}
+    for p in cluster.pods:
+        p["metadata"].pop("ownerReferences", None)
+    calls = len(cluster.calls)
+    run(cluster, state)
+    assert "patch_namespaced_pod" not in cluster.calls[calls:], cluster.calls[calls:]
+    assert "get_namespaced_custom_object" in cluster.calls[calls:]
+
+
+def test_pods_whose_owner_someone_stripped_are_adopted_while_the_job_is_here(run: Any) -> None:
+    cluster = FakeCluster(job_body())
+    state = run(cluster)
+    for p in cluster.pods:
+        p["metadata"].pop("ownerReferences", None)
+    calls = len(cluster.calls)
+    run(cluster, state)
+    assert cluster.calls[calls:].count("patch_namespaced_pod") == len(cluster.pods) == 2, cluster.calls[calls:]
+
+
 class _Discovery:
     def __init__(self, serves: bool | Exception) -> None:
         self.serves = serves

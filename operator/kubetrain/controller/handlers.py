@@ -279,13 +279,18 @@ async def _read(state: OperatorState, key: Key, record: JobRecord,
     return body, job
 
 
-async def _gone(state: OperatorState, job: TrainingJob) -> bool:
-    """Whether the job was deleted (or is being deleted, or was replaced by a new one of the same name)."""
+async def _still_here(state: OperatorState, job: TrainingJob) -> bool | None:
+    """Whether the job, read now, is still this one and not being deleted; None when the read failed."""
     try:
         body = await state.kube.get_job(job.namespace, job.name)
-    except Exception:  # cannot tell: the original error is reported and retried
-        return False
-    return body is None or bool(body["metadata"].get("deletionTimestamp")) or body["metadata"].get("uid") != job.uid
+    except Exception:
+        return None
+    return body is not None and not body["metadata"].get("deletionTimestamp") and body["metadata"].get("uid") == job.uid
+
+
+async def _gone(state: OperatorState, job: TrainingJob) -> bool:
+    """Whether the job was deleted (or is being deleted, or was replaced by a new one of the same name)."""
+    return await _still_here(state, job) is False  # cannot tell: the original error is reported and retried
 
 
 async def _decide_and_act(state: OperatorState, record: JobRecord, body: Json, job: TrainingJob, stored: StoredStatus,
@@ -395,14 +400,22 @@ async def _act(state: OperatorState, record: JobRecord, job: TrainingJob, pods: 
         logger.warning("force-deleting pod %s stuck terminating (its node is lost)", name)
     await _all([*(kube.delete_pod(job.namespace, name) for name in decision.delete),
                 *(kube.delete_pod(job.namespace, name, force=True) for name in decision.force_delete)])
-    # A pod labelled with this job's uid but without its owner was made before a crash: adopt it.
-    await _all(kube.adopt_pod(job.namespace, pod.name, owner_reference(job)) for pod in pods
-               if pod.job_uid == job.uid and not pod.has_owner)
+    await _adopt(state, job, pods)
     if decision.create:
         await _create_attempt(state, record, job, decision, logger)
     if decision.delete_job:
         logger.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(job.namespace, job.name)
+
+
+async def _adopt(state: OperatorState, job: TrainingJob, pods: list[PodState]) -> None:
+    """Give the job's pods that lost their owner reference (someone stripped it) their owner back. The garbage
+    collector strips it too when the job is deleted with --cascade=orphan, and the pod's event can come before
+    the job's: adopted then, the pod would be collected with the job. So, as Kubernetes' own controllers do, adopt
+    only once a fresh read shows the job still here and not being deleted."""
+    orphans = [pod for pod in pods if pod.job_uid == job.uid and not pod.has_owner]
+    if orphans and await _still_here(state, job):
+        await _all(state.kube.adopt_pod(job.namespace, pod.name, owner_reference(job)) for pod in orphans)
 
 
 async def _create_attempt(state: OperatorState, record: JobRecord, job: TrainingJob, decision: Decision,
