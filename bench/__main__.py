@@ -107,6 +107,13 @@ def run(benchmarks: Sequence[Benchmark], ctx: Context) -> tuple[list[Figure], bo
     return figures, all_ran
 
 
+def _positive(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more rounds")
+    return number
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0] if __doc__ else "",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list benchmarks, figures and goals, run nothing")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter runs")
     parser.add_argument("--no-lab", action="store_true", help="skip the benchmarks that need the lab")
+    parser.add_argument("--rounds", type=_positive, metavar="N",
+                        help="measured rounds of every benchmark that repeats (default: its own)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results to FILE as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument("-q", "--silent", action="store_true", help="no progress notes on stderr")
@@ -126,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(list_lines(chosen)))
         return 0
     started = time.monotonic()
-    figures, all_ran = run(chosen, Context(quick=args.quick, verbose=not args.silent))
+    figures, all_ran = run(chosen, Context(quick=args.quick, verbose=not args.silent, repeats=args.rounds))
     elapsed = time.monotonic() - started
     met = sum(f.met for f in figures)
     print(f"# {met}/{len(figures)} goals met in {elapsed:.0f} s{' (--quick)' if args.quick else ''}", flush=True)

@@ -283,7 +283,7 @@ def time_to_running_bench(ctx: Context) -> list[Figure]:
 
     namespace = lab.namespace("start")
     jobs = Jobs(lab.lab, namespace)
-    nodes, rounds = 2, (3 if ctx.quick else 7)
+    nodes, rounds = 2, ctx.rounds(quick=3, full=7)
     spec = job_spec(SLEEPER, nodes)
     job_s: list[float] = []
     bare_s: list[float] = []
@@ -345,7 +345,7 @@ def gang_restart_bench(ctx: Context) -> list[Figure]:
 
     namespace = lab.namespace("restart")
     jobs = Jobs(lab.lab, namespace)
-    nodes, rounds = 2, (1 if ctx.quick else 3)
+    nodes, rounds = 2, ctx.rounds(quick=1, full=3)
     first_s: list[float] = []
     restart_s: list[float] = []
     delete_s: list[float] = []

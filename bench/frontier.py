@@ -131,7 +131,7 @@ def frontier_spec(nodes: int) -> Json:
 
 
 def frontier_bench(ctx: Context) -> list[Figure]:
-    nodes, rounds = (QUICK_NODES, 1) if ctx.quick else (FRONTIER_NODES, 2)
+    nodes, rounds = (QUICK_NODES if ctx.quick else FRONTIER_NODES), ctx.rounds(quick=1, full=2)
     lab = Cluster(ctx, kwok_nodes=nodes)
     try:
         lab.start()

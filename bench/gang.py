@@ -45,7 +45,7 @@ def gang_bench(ctx: Context) -> list[Figure]:
 
 
 def _measure(ctx: Context, lab: Cluster, namespace: str) -> Figure:
-    pods, rounds = (16, 2) if ctx.quick else (GANG_PODS, 5)
+    pods, rounds = (16 if ctx.quick else GANG_PODS), ctx.rounds(quick=2, full=5)
     spec = job_spec("", pods) | {"image": IMAGE, "command": ["sleep", "600"]}
     gang_s: list[float] = []
     plain_s: list[float] = []

@@ -80,7 +80,7 @@ def _recovery_seconds(ctx: Context, cluster: Cluster, namespace: str, name: str,
 
 def in_place_bench(ctx: Context) -> list[Figure]:
     cluster = Cluster(ctx, real_node=True)  # a lab of its own, as bench/gang.py's
-    rounds = 1 if ctx.quick else 3
+    rounds = ctx.rounds(quick=1, full=3)
     in_place_s: list[float] = []
     new_pods_s: list[float] = []
     try:

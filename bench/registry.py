@@ -46,9 +46,16 @@ class Context:
 
     quick: bool = False
     verbose: bool = True
+    repeats: int | None = None  # --rounds: every benchmark's rounds, for a longer or a shorter run than its own
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kubetrain-bench-")))
     cache: dict[str, Any] = field(default_factory=dict)
     _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def rounds(self, quick: int, full: int) -> int:
+        """How many measured rounds a benchmark runs: ``--rounds`` when given, else its own for --quick or not."""
+        if self.repeats is not None:
+            return self.repeats
+        return quick if self.quick else full
 
     def log(self, message: str) -> None:
         if self.verbose:

@@ -229,3 +229,17 @@ def test_the_operators_calls_per_job_come_from_its_own_request_count() -> None:
     calls = burst.kubetrain_calls(lab)  # type: ignore[arg-type]
     assert calls == Counter({"create pods": 12, "patch trainingjobs/status": 25})
     assert burst.per_job(calls, 10) == "3.70 calls a job: patch trainingjobs/status 2.50, create pods 1.20"
+
+
+@pytest.mark.parametrize(("context", "rounds"), [
+    (Context(verbose=False), 7), (Context(quick=True, verbose=False), 3),
+    (Context(quick=True, verbose=False, repeats=1), 1), (Context(verbose=False, repeats=12), 12)])
+def test_rounds_are_a_benchmarks_own_unless_given(context: Context, rounds: int) -> None:
+    assert context.rounds(quick=3, full=7) == rounds
+    context.close()
+
+
+def test_zero_rounds_are_refused_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0", "--list"])
+    assert "0: give 1 or more rounds" in capsys.readouterr().err
