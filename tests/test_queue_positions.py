@@ -1,5 +1,6 @@
 """A queued job's position (controller/queueing.queue_position): Kueue's visibility API is read once per LocalQueue
-every few seconds, however many jobs wait in it, and a cluster that does not serve it costs one try a minute."""
+every few seconds, however many jobs wait in it, and a cluster that does not serve it costs one try a minute; the
+cluster's default PriorityClass, for the Workloads of jobs that name none, is listed once for a burst of them."""
 
 from __future__ import annotations
 
@@ -88,3 +89,54 @@ def test_where_the_visibility_api_is_not_served_no_position_and_one_try_a_minute
     clock[0] += queueing.PENDING_UNSERVED_S
     assert asyncio.run(positions_of(state, waiting)) == [QueuePosition(1, 4)]
     assert len(api.reads) == 2
+
+
+class PriorityClasses:
+    """Kube's list_priority_classes (or ``error``) and create, as the Workloads of queued jobs need them."""
+
+    def __init__(self, default_value: int) -> None:
+        self.default_value = default_value
+        self.lists = 0
+        self.error: ApiError | None = None
+        self.created: list[Json] = []
+
+    async def list_priority_classes(self) -> list[Json]:
+        self.lists += 1
+        await asyncio.sleep(0.01)  # passes asking meanwhile share the answer
+        if self.error is not None:
+            raise self.error
+        return [{"metadata": {"name": "low"}, "value": 1},
+                {"metadata": {"name": "cluster-default"}, "value": self.default_value, "globalDefault": True}]
+
+    async def create(self, _namespace: str, body: Json) -> None:
+        self.created.append(body)
+
+
+async def workloads_of(state: jobstate.OperatorState, *jobs: TrainingJob) -> list[Json]:
+    made = await asyncio.gather(*(queueing._create_workload(state, j) for j in jobs))
+    return [body for body, _ in made]
+
+
+def test_a_burst_of_queued_jobs_without_a_class_lists_the_priority_classes_once(clock: list[float]) -> None:
+    api = PriorityClasses(default_value=7)
+    state = state_with(api)  # type: ignore[arg-type]
+    bodies = asyncio.run(workloads_of(state, *(job(f"j{i}") for i in range(20))))
+    assert api.lists == 1
+    assert {(b["spec"]["priority"], b["spec"]["priorityClassRef"]["name"]) for b in bodies} == {(7, "cluster-default")}
+    api.default_value = 9  # the admin changed it: seen once the read is old
+    clock[0] += queueing.PRIORITY_READ_EVERY_S - 0.1
+    assert asyncio.run(workloads_of(state, job("a")))[0]["spec"]["priority"] == 7
+    clock[0] += 0.2
+    assert asyncio.run(workloads_of(state, job("b")))[0]["spec"]["priority"] == 9
+    assert api.lists == 2
+
+
+def test_a_failed_list_of_priority_classes_is_not_kept(clock: list[float]) -> None:
+    api = PriorityClasses(default_value=7)
+    api.error = ApiError(503, "Service Unavailable", "")
+    state = state_with(api)  # type: ignore[arg-type]
+    with pytest.raises(ApiError):
+        asyncio.run(workloads_of(state, job("j0")))
+    api.error = None
+    assert asyncio.run(workloads_of(state, job("j0")))[0]["spec"]["priority"] == 7  # at once, not 30 s later
+    assert api.lists == 2

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
@@ -145,11 +145,14 @@ class JobRecord:
         self.workload = None
 
 
-@dataclass
-class PendingRead:
-    """One read of a LocalQueue's pending Workloads, shared by the passes that ask before ``until``."""
+T = TypeVar("T")
 
-    positions: asyncio.Future[dict[str, QueuePosition] | None]
+
+@dataclass
+class SharedRead(Generic[T]):
+    """One read of the API server, shared by the passes that ask for it before ``until``."""
+
+    answer: asyncio.Future[T]
     until: float  # monotonic seconds
 
 
@@ -171,7 +174,9 @@ class OperatorState:
     phases: Counter[str] = field(default_factory=Counter)  # the records by phase (set_phase)
     in_namespace: Counter[str] = field(default_factory=Counter)  # the records by namespace
     # Kueue's pending Workloads by (namespace, LocalQueue), as last read (controller/queueing.py).
-    pending: dict[tuple[str, str], PendingRead] = field(default_factory=dict)
+    pending: dict[tuple[str, str], SharedRead[dict[str, QueuePosition] | None]] = field(default_factory=dict)
+    # The cluster's globalDefault PriorityClass, as last read for the Workloads of jobs that name none.
+    default_priority: SharedRead[Json | None] | None = None
 
     @property
     def notices(self) -> Mapping[str, str]:
