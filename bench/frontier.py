@@ -8,6 +8,7 @@ followed with one watch (a poll listing 4,096 pods would be the heaviest load on
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ class Watched:
                             self._objects.pop(name, None)
                         else:
                             self._objects[name] = seen
+                            self._noted(seen)
         except Exception as error:  # reported by wait()
             with self._lock:
                 self.error = error
@@ -92,6 +94,9 @@ class Watched:
         with self._lock:
             return list(self._objects.values())
 
+    def _noted(self, seen: Json) -> None:
+        """What a subclass keeps of each change, under the lock."""
+
     def stop(self) -> None:
         self._stopped = True
 
@@ -101,10 +106,28 @@ class PodWatch(Watched):
 
     def __init__(self, lab: Cluster, namespace: str) -> None:
         self.namespace = namespace
+        self._created: dict[str, float] = {}  # when the watch first showed each pod (by uid), and bound to a node
+        self._bound: dict[str, float] = {}
         super().__init__(lab, f"/api/v1/namespaces/{namespace}/pods")
 
     def pods(self) -> list[Json]:
         return self.objects()
+
+    def _noted(self, seen: Json) -> None:
+        now, uid = time.monotonic(), seen["metadata"]["uid"]
+        self._created.setdefault(uid, now)
+        if seen.get("spec", {}).get("nodeName"):
+            self._bound.setdefault(uid, now)
+
+    def milestones(self, match: Callable[[Json], bool], since: float) -> tuple[float, float]:
+        """Seconds from ``since`` (monotonic) until the watch had shown every live pod of ``match`` created, and
+        bound to a node: where the time to Running went, the creator's part or the scheduler's."""
+        with self._lock:
+            uids = [p["metadata"]["uid"] for p in self._objects.values()
+                    if match(p) and not p["metadata"].get("deletionTimestamp")]
+            created = max(self._created[u] for u in uids)
+            bound = max(self._bound.get(u, math.inf) for u in uids)
+        return created - since, bound - since
 
 
 def _labelled(key: str, value: str) -> Callable[[Json], bool]:
@@ -151,27 +174,42 @@ def _measure(ctx: Context, lab: Cluster, watch: PodWatch, nodes: int, rounds: in
     namespace = watch.namespace
     jobs = Jobs(lab.lab, namespace)
     spec = frontier_spec(nodes)
-    times: dict[str, list[float]] = {"job": [], "restart": [], "bare": [], "bare_restart": []}
+    times: dict[str, list[float]] = {}
     _warm_up(ctx, lab, jobs, watch)
     for number in range(rounds):  # alternating, so that a slow spell hits both
         ctx.log(f"round {number}: a TrainingJob of {nodes} nodes started and restarted, then the same pods from a "
                 "plain client")
-        for key, value in zip(("job", "restart"), _job_round(lab, jobs, watch, f"job-{number}", spec), strict=True):
-            times[key].append(value)
-        for key, value in zip(("bare", "bare_restart"), _bare_round(lab, namespace, watch, f"bare-{number}", spec),
-                              strict=True):
-            times[key].append(value)
+        spans = {**_job_round(lab, jobs, watch, f"job-{number}", spec),
+                 **_bare_round(lab, namespace, watch, f"bare-{number}", spec)}
+        for key, value in spans.items():
+            times.setdefault(key, []).append(value)
     p50 = {key: median(values) for key, values in times.items()}
     return [
         FRONTIER_RUNNING.measured(
             p50["job"] / p50["bare"], f"job p50 {p50['job']:.1f} s / plain client p50 {p50['bare']:.1f} s to "
-                                      f"{nodes} pods Running; {rounds} rounds each",
-            job_s=p50["job"], bare_s=p50["bare"], pods=nodes),
+                                      f"{nodes} pods Running ({_where(p50, 'job')}; {_where(p50, 'bare')}); "
+                                      f"{rounds} rounds each",
+            job_s=p50["job"], bare_s=p50["bare"], pods=nodes).with_extra(_extra(p50, "job", "bare")),
         FRONTIER_RESTART.measured(
             p50["restart"] / p50["bare_restart"],
             f"gang restart p50 {p50['restart']:.1f} s / plain delete-and-create p50 {p50['bare_restart']:.1f} s "
-            f"for {nodes} pods; {rounds} rounds each", restart_s=p50["restart"],
-            bare_restart_s=p50["bare_restart"], pods=nodes)]
+            f"for {nodes} pods ({_where(p50, 'restart')}; {_where(p50, 'bare_restart')}); {rounds} rounds each",
+            restart_s=p50["restart"], bare_restart_s=p50["bare_restart"], pods=nodes,
+        ).with_extra(_extra(p50, "restart", "bare_restart"))]
+
+
+def _where(p50: dict[str, float], key: str) -> str:
+    return f"{key}: all created at {p50[key + '_created']:.1f} s, bound at {p50[key + '_bound']:.1f} s"
+
+
+def _extra(p50: dict[str, float], *keys: str) -> dict[str, float]:
+    return {f"{key}_{part}_s": p50[f"{key}_{part}"] for key in keys for part in ("created", "bound")}
+
+
+def _spans(watch: PodWatch, key: str, match: Callable[[Json], bool], since: float, running: float) -> dict[str, float]:
+    """Time to every pod Running, and within it to every pod created and bound (PodWatch.milestones)."""
+    created, bound = watch.milestones(match, since)
+    return {key: running - since, f"{key}_created": created, f"{key}_bound": bound}
 
 
 def _warm_up(ctx: Context, lab: Cluster, jobs: Any, watch: PodWatch) -> None:
@@ -188,42 +226,47 @@ def _warm_up(ctx: Context, lab: Cluster, jobs: Any, watch: PodWatch) -> None:
     watch.wait("the warm-up job's pod gone", none_left(of_warm))
 
 
-def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) -> tuple[float, float]:
+def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) -> dict[str, float]:
     from tests.lab.kwok import EXIT_CODE_ANNOTATION
 
     nodes = spec["nodes"]
     of_job = _labelled(JOB_LABEL, name)
+
+    def of_attempt(attempt: int) -> Callable[[Json], bool]:
+        return lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, str(attempt))(p)
     t0 = time.monotonic()
     jobs.create(name, spec)
-    started = watch.wait(f"{name}: {nodes} pods Running", all_running(
-        nodes, lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, "0")(p))) - t0
+    started = _spans(watch, "job", of_attempt(0), t0,
+                     watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_attempt(0))))
     t1 = time.monotonic()
     lab.lab.api.merge_patch(f"{watch.path}/{name}-{nodes // 2}",
                             {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: "1"}}})
-    restarted = watch.wait(f"{name}: attempt 1's {nodes} pods Running", all_running(
-        nodes, lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, "1")(p))) - t1
+    restarted = _spans(watch, "restart", of_attempt(1), t1,
+                       watch.wait(f"{name}: attempt 1's {nodes} pods Running", all_running(nodes, of_attempt(1))))
     lab.lab.api.delete(f"{jobs.base}/{name}")
     delete_pods(lab, watch, of_job)
     watch.wait(f"{name}: pods gone", none_left(of_job))
-    return started, restarted
+    return started | restarted
 
 
-def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: Json) -> tuple[float, float]:
+def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: Json) -> dict[str, float]:
     nodes = spec["nodes"]
     of_bare = _labelled(BARE_LABEL, name)
     objects = bare_objects(name, namespace, spec)
     t0 = time.monotonic()
     lab.create_objects(namespace, objects, CLIENT_CONNECTIONS)
-    started = watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_bare)) - t0
+    started = _spans(watch, "bare", of_bare, t0,
+                     watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_bare)))
     t1 = time.monotonic()
     delete_pods(lab, watch, of_bare)
     watch.wait(f"{name}: pods gone", none_left(of_bare))
     lab.create_pods(namespace, objects[1:], CLIENT_CONNECTIONS)
-    restarted = watch.wait(f"{name}: {nodes} pods Running again", all_running(nodes, of_bare)) - t1
+    restarted = _spans(watch, "bare_restart", of_bare, t1,
+                       watch.wait(f"{name}: {nodes} pods Running again", all_running(nodes, of_bare)))
     lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{objects[0]['metadata']['name']}")
     delete_pods(lab, watch, of_bare)
     watch.wait(f"{name}: pods gone", none_left(of_bare))
-    return started, restarted
+    return started | restarted
 
 
 def delete_pods(lab: Cluster, watch: PodWatch, match: Callable[[Json], bool]) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = ["Figure", "Goal", "format_figure", "format_report", "format_value", "median", "percentile", "to_json"]
@@ -43,6 +43,9 @@ class Figure:
     # Why a miss is the machine's, not the code's (its parallel capacity was measured below its cores): the
     # verdict is then DISTURBED, and the detail says what a machine with that capacity would measure.
     disturbed: str = ""
+
+    def with_extra(self, more: Mapping[str, float]) -> Figure:
+        return replace(self, extra=self.extra | dict(more))
 
     @property
     def met(self) -> bool:

@@ -243,3 +243,34 @@ def test_zero_rounds_are_refused_with_the_fix(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "--list"])
     assert "0: give 1 or more rounds" in capsys.readouterr().err
+
+
+def test_a_pod_watch_times_when_the_last_pod_was_created_and_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from bench import frontier
+
+    watch = frontier.PodWatch.__new__(frontier.PodWatch)  # its state alone: no lab, no watch thread
+    watch._objects, watch._lock, watch._created, watch._bound = {}, threading.Lock(), {}, {}
+    clock = [100.0]
+    monkeypatch.setattr(frontier.time, "monotonic", lambda: clock[0])
+
+    def seen(uid: str, node: str = "", deleting: bool = False) -> None:
+        pod = {"metadata": {"name": uid, "uid": uid, "labels": {"job": "a"}}, "spec": {"nodeName": node}}
+        if deleting:
+            pod["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+        watch._objects[uid] = pod
+        watch._noted(pod)
+    seen("p0")
+    clock[0] = 102.0
+    seen("p1")
+    seen("p0", node="n0")
+    clock[0] = 105.0
+    seen("p1", node="n1")
+    seen("p1", node="n1")  # a later change: the first time counts
+    clock[0] = 109.0
+    seen("old", node="n2", deleting=True)  # being deleted: not the job's
+    of_job = lambda pod: pod["metadata"]["labels"]["job"] == "a"  # noqa: E731
+    assert watch.milestones(of_job, since=99.0) == (3.0, 6.0)
+    seen("p2")
+    assert watch.milestones(of_job, since=99.0) == (10.0, float("inf"))  # one not bound yet
