@@ -248,7 +248,8 @@ def job_spec(code: str, nodes: int) -> Json:
 
 def bare_objects(name: str, namespace: str, spec: Json, *, gang: bool = False) -> list[Json]:
     """The Service and pods the operator would create for a job ``name``, created by hand instead: the same
-    command, image, resources and pod spec, with labels renamed so that the operator never sees them. ``gang``:
+    command, image, resources and pod spec, with labels renamed so that the operator never sees them (and the
+    operator's spread over machines selecting the renamed ones, so the scheduler weighs the same pods). ``gang``:
     the attempt's PodGroup too (after the Service), and the pods in it. The pods restart in place only on the
     real node: the process and simulated nodes declare no such feature, so the operator leaves the rule out there
     (and the scheduler would place a pod with it nowhere)."""
@@ -261,11 +262,16 @@ def bare_objects(name: str, namespace: str, spec: Json, *, gang: bool = False) -
     group = [build_pod_group(job, 0)] if gang else []
     pods = [build_pod(job, index, 0, gang=gang, nodes_restart_in_place=False) for index in range(job.spec.nodes)]
     objects = [build_service(job), *group, *pods]
+    label = {"bench.kubetrain.io/bare": name}
     for obj in objects:
         metadata = obj["metadata"]
         metadata.pop("ownerReferences", None)
-        metadata["labels"] = {"bench.kubetrain.io/bare": name}
-    objects[0]["spec"]["selector"] = {"bench.kubetrain.io/bare": name}
+        metadata["labels"] = dict(label)
+    objects[0]["spec"]["selector"] = dict(label)
+    for pod in pods:  # the operator's spread over machines, selecting these pods as it selects the job's
+        anti = pod["spec"].get("affinity", {}).get("podAntiAffinity", {})
+        for term in anti.get("preferredDuringSchedulingIgnoredDuringExecution", []):
+            term["podAffinityTerm"]["labelSelector"] = {"matchLabels": dict(label)}
     return objects
 
 

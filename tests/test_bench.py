@@ -274,3 +274,14 @@ def test_a_pod_watch_times_when_the_last_pod_was_created_and_bound(monkeypatch: 
     assert watch.milestones(of_job, since=99.0) == (3.0, 6.0)
     seen("p2")
     assert watch.milestones(of_job, since=99.0) == (10.0, float("inf"))  # one not bound yet
+
+
+def test_a_plain_clients_pods_spread_over_machines_as_the_jobs_do() -> None:
+    from bench.cluster import bare_objects, job_spec
+
+    service, *pods = bare_objects("bare-0", "ns", job_spec("print(1)", 3))
+    assert len(pods) == 3 and service["spec"]["selector"] == {"bench.kubetrain.io/bare": "bare-0"}
+    for pod in pods:
+        (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items(), "the spread must select its own pods"
