@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -145,14 +145,11 @@ class JobRecord:
         self.workload = None
 
 
-T = TypeVar("T")
-
-
 @dataclass
-class SharedRead(Generic[T]):
-    """One read of the API server, shared by the passes that ask for it before ``until``."""
+class PendingRead:
+    """One read of a LocalQueue's pending Workloads, shared by the passes that ask before ``until``."""
 
-    answer: asyncio.Future[T]
+    positions: asyncio.Future[dict[str, QueuePosition] | None]
     until: float  # monotonic seconds
 
 
@@ -174,9 +171,9 @@ class OperatorState:
     phases: Counter[str] = field(default_factory=Counter)  # the records by phase (set_phase)
     in_namespace: Counter[str] = field(default_factory=Counter)  # the records by namespace
     # Kueue's pending Workloads by (namespace, LocalQueue), as last read (controller/queueing.py).
-    pending: dict[tuple[str, str], SharedRead[dict[str, QueuePosition] | None]] = field(default_factory=dict)
-    # The cluster's globalDefault PriorityClass, as last read for the Workloads of jobs that name none.
-    default_priority: SharedRead[Json | None] | None = None
+    pending: dict[tuple[str, str], PendingRead] = field(default_factory=dict)
+    # The list of the cluster's globalDefault PriorityClass under way, for the Workloads of jobs that name none.
+    default_priority: asyncio.Future[Json | None] | None = None
 
     @property
     def notices(self) -> Mapping[str, str]:

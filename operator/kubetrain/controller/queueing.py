@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from kubetrain.controller.jobstate import JobRecord, OperatorState, SharedRead, Trigger
+from kubetrain.controller.jobstate import JobRecord, OperatorState, PendingRead, Trigger
 from kubetrain.core import api
 from kubetrain.core.manifests import build_pod
 from kubetrain.core.queueing import (
@@ -52,7 +52,6 @@ WORKLOAD_CHANGE = Trigger("workload", logging.getLogger("kubetrain.kueue"))
 # minute.
 PENDING_READ_EVERY_S = 5.0
 PENDING_UNSERVED_S = 60.0
-PRIORITY_READ_EVERY_S = 30.0  # a burst of queued jobs that name no PriorityClass shares one list
 log = logging.getLogger("kubetrain.kueue")
 
 
@@ -136,9 +135,9 @@ async def queue_position(state: OperatorState, job: TrainingJob) -> QueuePositio
     now = monotonic()
     read = state.pending.get(key)
     if read is None or read.until <= now:
-        read = state.pending[key] = SharedRead(asyncio.ensure_future(_read_positions(state, *key)),
-                                               now + PENDING_READ_EVERY_S)
-    found = await asyncio.shield(read.answer)
+        read = state.pending[key] = PendingRead(asyncio.ensure_future(_read_positions(state, *key)),
+                                                now + PENDING_READ_EVERY_S)
+    found = await asyncio.shield(read.positions)
     if found is None:
         read.until = max(read.until, now + PENDING_UNSERVED_S)
         return None
@@ -182,19 +181,12 @@ async def _create_workload(state: OperatorState, job: TrainingJob) -> tuple[Json
 
 
 async def _default_priority_class(state: OperatorState) -> Json | None:
-    """The cluster's globalDefault PriorityClass, listed at most once every ``PRIORITY_READ_EVERY_S``; a failed
-    list is not kept (the next Workload asks again)."""
-    now = monotonic()
-    read = state.default_priority
-    if read is None or read.until <= now:
-        read = state.default_priority = SharedRead(asyncio.ensure_future(_read_default_priority_class(state)),
-                                                   now + PRIORITY_READ_EVERY_S)
-    try:
-        return await asyncio.shield(read.answer)
-    except Exception:
-        if state.default_priority is read:
-            state.default_priority = None
-        raise
+    """The cluster's globalDefault PriorityClass. The Workloads made while one list is under way share it (a
+    burst of queued jobs that name no class); a later one lists again, so a class an admin just marked counts."""
+    listing = state.default_priority
+    if listing is None or listing.done():
+        listing = state.default_priority = asyncio.ensure_future(_read_default_priority_class(state))
+    return await asyncio.shield(listing)
 
 
 async def _read_default_priority_class(state: OperatorState) -> Json | None:
