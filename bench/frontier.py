@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.cluster import Cluster, bare_objects, job_spec
 from bench.registry import Benchmark, Context, FigureSpec
@@ -174,7 +174,7 @@ def _measure(ctx: Context, lab: Cluster, watch: PodWatch, nodes: int, rounds: in
     namespace = watch.namespace
     jobs = Jobs(lab.lab, namespace)
     spec = frontier_spec(nodes)
-    times: dict[str, list[float]] = {}
+    times: dict[str, list[Span]] = {}
     _warm_up(ctx, lab, jobs, watch)
     for number in range(rounds):  # alternating, so that a slow spell hits both
         ctx.log(f"round {number}: a TrainingJob of {nodes} nodes started and restarted, then the same pods from a "
@@ -183,33 +183,43 @@ def _measure(ctx: Context, lab: Cluster, watch: PodWatch, nodes: int, rounds: in
                  **_bare_round(lab, namespace, watch, f"bare-{number}", spec)}
         for key, value in spans.items():
             times.setdefault(key, []).append(value)
-    p50 = {key: median(values) for key, values in times.items()}
+    job, bare, restart, bare_restart = (
+        Span(*(median(values) for values in zip(*times[key], strict=True)))
+        for key in ("job", "bare", "restart", "bare_restart"))
     return [
         FRONTIER_RUNNING.measured(
-            p50["job"] / p50["bare"], f"job p50 {p50['job']:.1f} s / plain client p50 {p50['bare']:.1f} s to "
-                                      f"{nodes} pods Running ({_where(p50, 'job')}; {_where(p50, 'bare')}); "
-                                      f"{rounds} rounds each",
-            job_s=p50["job"], bare_s=p50["bare"], pods=nodes).with_extra(_extra(p50, "job", "bare")),
+            job.running / bare.running,
+            f"job p50 {job.running:.1f} s / plain client p50 {bare.running:.1f} s to {nodes} pods Running "
+            f"({job.where('job')}; {bare.where('bare')}); {rounds} rounds each",
+            job_s=job.running, bare_s=bare.running, pods=nodes,
+        ).with_extra(job.extra("job") | bare.extra("bare")),
         FRONTIER_RESTART.measured(
-            p50["restart"] / p50["bare_restart"],
-            f"gang restart p50 {p50['restart']:.1f} s / plain delete-and-create p50 {p50['bare_restart']:.1f} s "
-            f"for {nodes} pods ({_where(p50, 'restart')}; {_where(p50, 'bare_restart')}); {rounds} rounds each",
-            restart_s=p50["restart"], bare_restart_s=p50["bare_restart"], pods=nodes,
-        ).with_extra(_extra(p50, "restart", "bare_restart"))]
+            restart.running / bare_restart.running,
+            f"gang restart p50 {restart.running:.1f} s / plain delete-and-create p50 {bare_restart.running:.1f} s "
+            f"for {nodes} pods ({restart.where('restart')}; {bare_restart.where('bare_restart')}); {rounds} rounds "
+            "each", restart_s=restart.running, bare_restart_s=bare_restart.running, pods=nodes,
+        ).with_extra(restart.extra("restart") | bare_restart.extra("bare_restart"))]
 
 
-def _where(p50: dict[str, float], key: str) -> str:
-    return f"{key}: all created at {p50[key + '_created']:.1f} s, bound at {p50[key + '_bound']:.1f} s"
+class Span(NamedTuple):
+    """Seconds from a start until the watch had shown every pod created, every pod bound to a node, every pod
+    Running: where the time to Running went, the creator's part or the scheduler's."""
+
+    created: float
+    bound: float
+    running: float
+
+    def where(self, side: str) -> str:
+        return f"{side}: all created at {self.created:.1f} s, bound at {self.bound:.1f} s"
+
+    def extra(self, side: str) -> dict[str, float]:
+        return {f"{side}_created_s": self.created, f"{side}_bound_s": self.bound}
 
 
-def _extra(p50: dict[str, float], *keys: str) -> dict[str, float]:
-    return {f"{key}_{part}_s": p50[f"{key}_{part}"] for key in keys for part in ("created", "bound")}
-
-
-def _spans(watch: PodWatch, key: str, match: Callable[[Json], bool], since: float, running: float) -> dict[str, float]:
-    """Time to every pod Running, and within it to every pod created and bound (PodWatch.milestones)."""
-    created, bound = watch.milestones(match, since)
-    return {key: running - since, f"{key}_created": created, f"{key}_bound": bound}
+def _until_running(watch: PodWatch, what: str, count: int, match: Callable[[Json], bool], since: float) -> Span:
+    """Wait for ``count`` pods of ``match`` all Running; the span since ``since``."""
+    running = watch.wait(f"{what}: {count} pods Running", all_running(count, match))
+    return Span(*watch.milestones(match, since), running - since)
 
 
 def _warm_up(ctx: Context, lab: Cluster, jobs: Any, watch: PodWatch) -> None:
@@ -226,7 +236,7 @@ def _warm_up(ctx: Context, lab: Cluster, jobs: Any, watch: PodWatch) -> None:
     watch.wait("the warm-up job's pod gone", none_left(of_warm))
 
 
-def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) -> dict[str, float]:
+def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) -> dict[str, Span]:
     from tests.lab.kwok import EXIT_CODE_ANNOTATION
 
     nodes = spec["nodes"]
@@ -236,37 +246,33 @@ def _job_round(lab: Cluster, jobs: Any, watch: PodWatch, name: str, spec: Json) 
         return lambda p: of_job(p) and _labelled(ATTEMPT_LABEL, str(attempt))(p)
     t0 = time.monotonic()
     jobs.create(name, spec)
-    started = _spans(watch, "job", of_attempt(0), t0,
-                     watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_attempt(0))))
+    started = _until_running(watch, name, nodes, of_attempt(0), t0)
     t1 = time.monotonic()
     lab.lab.api.merge_patch(f"{watch.path}/{name}-{nodes // 2}",
                             {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: "1"}}})
-    restarted = _spans(watch, "restart", of_attempt(1), t1,
-                       watch.wait(f"{name}: attempt 1's {nodes} pods Running", all_running(nodes, of_attempt(1))))
+    restarted = _until_running(watch, f"{name}, attempt 1", nodes, of_attempt(1), t1)
     lab.lab.api.delete(f"{jobs.base}/{name}")
     delete_pods(lab, watch, of_job)
     watch.wait(f"{name}: pods gone", none_left(of_job))
-    return started | restarted
+    return {"job": started, "restart": restarted}
 
 
-def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: Json) -> dict[str, float]:
+def _bare_round(lab: Cluster, namespace: str, watch: PodWatch, name: str, spec: Json) -> dict[str, Span]:
     nodes = spec["nodes"]
     of_bare = _labelled(BARE_LABEL, name)
     objects = bare_objects(name, namespace, spec)
     t0 = time.monotonic()
     lab.create_objects(namespace, objects, CLIENT_CONNECTIONS)
-    started = _spans(watch, "bare", of_bare, t0,
-                     watch.wait(f"{name}: {nodes} pods Running", all_running(nodes, of_bare)))
+    started = _until_running(watch, name, nodes, of_bare, t0)
     t1 = time.monotonic()
     delete_pods(lab, watch, of_bare)
     watch.wait(f"{name}: pods gone", none_left(of_bare))
     lab.create_pods(namespace, objects[1:], CLIENT_CONNECTIONS)
-    restarted = _spans(watch, "bare_restart", of_bare, t1,
-                       watch.wait(f"{name}: {nodes} pods Running again", all_running(nodes, of_bare)))
+    restarted = _until_running(watch, f"{name}, again", nodes, of_bare, t1)
     lab.lab.api.delete(f"/api/v1/namespaces/{namespace}/services/{objects[0]['metadata']['name']}")
     delete_pods(lab, watch, of_bare)
     watch.wait(f"{name}: pods gone", none_left(of_bare))
-    return started | restarted
+    return {"bare": started, "bare_restart": restarted}
 
 
 def delete_pods(lab: Cluster, watch: PodWatch, match: Callable[[Json], bool]) -> None:
